@@ -1,0 +1,158 @@
+"""KV cache: preallocated per layer, per-sequence lengths, rollback.
+
+Layout: ``k[layer]`` is ``[rows, num_kv_heads, max_len, head_dim]`` — one row per sequence, so
+``k[layer][row, :, :n]`` is a contiguous-enough view that attention reads without copying.
+
+Speculative decoding writes K/V for drafts that may be rejected; ``crop(row, n)`` rolls a row
+back to its first ``n`` positions. Nothing is freed or reallocated: a crop only moves the length,
+later writes overwrite the stale entries.
+
+The lengths live on the host (plain ints): every decision about them is made by the decoding
+loop, which already knows the accept lengths, so keeping them on the host costs no sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+
+
+@dataclass
+class PassLayout:
+    """Everything one forward pass needs to know about where its new tokens go.
+
+    A pass appends ``lens[i]`` new tokens to cache row ``rows[i]`` for each of its N sequences.
+    Tensors live on the model's device; the ``*_host`` lists are the same numbers on the host.
+    """
+
+    rows: torch.Tensor  # [N] int32, cache row of each sequence
+    cu_seqlens: torch.Tensor  # [N+1] int32, offsets of each sequence's new tokens
+    cache_lens: torch.Tensor  # [N] int32, tokens cached before this pass
+    group_ids: torch.Tensor  # [T] int32, attention groups (see d3d.kernels.attention)
+    positions: torch.Tensor  # [T] int64, absolute positions (RoPE)
+    write_rows: torch.Tensor  # [T] int64, cache row each new token is written to
+    max_seqlen: int
+    rows_host: list[int]
+    lens_host: list[int]
+    cache_lens_host: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lens_host)
+
+    def last_token_index(self) -> torch.Tensor:
+        """Index (into the packed tokens) of each sequence's last new token, [N]."""
+        return (self.cu_seqlens[1:] - 1).long()
+
+
+def make_layout(
+    rows: list[int],
+    lens: list[int],
+    cache_lens: list[int],
+    device: torch.device | str = "cpu",
+    groups: list[list[int]] | None = None,
+) -> PassLayout:
+    """Layout for appending ``lens[i]`` tokens to row ``rows[i]`` which holds ``cache_lens[i]``.
+
+    ``groups[i]`` gives the attention groups of sequence i's new tokens (non-decreasing); the
+    default is causal (each token its own group).
+    """
+    if not (len(rows) == len(lens) == len(cache_lens)):
+        raise ValueError("rows, lens and cache_lens must have one entry per sequence")
+    if any(n <= 0 for n in lens):
+        raise ValueError(f"every sequence needs at least one new token, got lens={lens}")
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    pos, grp, wrows = [], [], []
+    for i, (row, n, c) in enumerate(zip(rows, lens, cache_lens)):
+        pos.extend(range(c, c + n))
+        wrows.extend([row] * n)
+        if groups is None:
+            grp.extend(range(n))
+        else:
+            g = list(groups[i])
+            if len(g) != n:
+                raise ValueError(f"groups[{i}] has {len(g)} entries for {n} new tokens")
+            grp.extend(g)
+    i32 = dict(dtype=torch.int32, device=device)
+    return PassLayout(
+        rows=torch.tensor(rows, **i32),
+        cu_seqlens=torch.tensor(cu, **i32),
+        cache_lens=torch.tensor(cache_lens, **i32),
+        group_ids=torch.tensor(grp, **i32),
+        positions=torch.tensor(pos, dtype=torch.long, device=device),
+        write_rows=torch.tensor(wrows, dtype=torch.long, device=device),
+        max_seqlen=max(lens),
+        rows_host=list(rows),
+        lens_host=list(lens),
+        cache_lens_host=list(cache_lens),
+    )
+
+
+class KVCache:
+    """Static K/V storage for ``rows`` sequences of at most ``max_len`` tokens each."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rows: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        num_layers: int | None = None,
+    ):
+        if rows <= 0 or max_len <= 0:
+            raise ValueError(f"KVCache needs rows > 0 and max_len > 0, got rows={rows}, max_len={max_len}")
+        layers = cfg.num_hidden_layers if num_layers is None else num_layers
+        shape = (rows, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.lengths = [0] * rows
+        self.max_len = max_len
+        self.device = torch.device(device)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def crop(self, row: int, length: int) -> None:
+        """Roll ``row`` back to its first ``length`` positions (rejected drafts are forgotten)."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(
+                f"crop(row={row}, length={length}): length must be in [0, {self.lengths[row]}]"
+            )
+        self.lengths[row] = length
+
+    def reset(self) -> None:
+        self.lengths = [0] * self.rows
+
+    def layout(
+        self,
+        lens: list[int],
+        rows: list[int] | None = None,
+        groups: list[list[int]] | None = None,
+    ) -> PassLayout:
+        """Layout that appends ``lens[i]`` tokens to row ``rows[i]`` (default: rows 0..N-1)."""
+        rows = list(range(len(lens))) if rows is None else list(rows)
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"rows must be distinct when writing to the cache, got {rows}")
+        for r, n in zip(rows, lens):
+            if not 0 <= r < self.rows:
+                raise ValueError(f"cache row {r} out of range (cache has {self.rows} rows)")
+            if self.lengths[r] + n > self.max_len:
+                raise ValueError(
+                    f"cache row {r} holds {self.lengths[r]} tokens; {n} more exceed max_len={self.max_len}"
+                )
+        return make_layout(rows, lens, [self.lengths[r] for r in rows], self.device, groups)
+
+    def advance(self, layout: PassLayout) -> None:
+        """Record that ``layout``'s tokens were written (called by the model after a pass)."""
+        for r, n in zip(layout.rows_host, layout.lens_host):
+            self.lengths[r] += n

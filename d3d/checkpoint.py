@@ -1,0 +1,192 @@
+"""Hugging Face checkpoint directories: ``config.json`` + ``*.safetensors`` (single or sharded).
+
+Loading goes through one explicit name map (our parameter -> the HF tensors it is made of) and
+checks every tensor's shape; anything missing, unexpected, misshapen or unreadable is an error
+that names the file and the tensor. The model is built on the meta device, so no memory is
+spent on random initialisation, and the checkpoint tensors are assigned directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .config import ModelConfig
+from .model import Transformer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None, what: str = "dtype") -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"{what}={dtype!r}: expected one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def name_map(cfg: ModelConfig, prefix: str = "model.") -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """Our parameter name -> [(HF tensor name, shape), ...], concatenated along dim 0 in that order."""
+    d, f, q, kv, hd = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, cfg.head_dim
+    m: dict[str, list[tuple[str, tuple[int, ...]]]] = {"embed_tokens.weight": [(f"{prefix}embed_tokens.weight", (cfg.vocab_size, d))]}
+    for i in range(cfg.num_hidden_layers):
+        hf, ours = f"{prefix}layers.{i}.", f"layers.{i}."
+        m[ours + "input_layernorm.weight"] = [(hf + "input_layernorm.weight", (d,))]
+        m[ours + "self_attn.qkv_proj.weight"] = [(hf + "self_attn.q_proj.weight", (q, d)),
+                                                 (hf + "self_attn.k_proj.weight", (kv, d)),
+                                                 (hf + "self_attn.v_proj.weight", (kv, d))]
+        if cfg.attention_bias:
+            m[ours + "self_attn.qkv_proj.bias"] = [(hf + "self_attn.q_proj.bias", (q,)),
+                                                   (hf + "self_attn.k_proj.bias", (kv,)),
+                                                   (hf + "self_attn.v_proj.bias", (kv,))]
+        m[ours + "self_attn.o_proj.weight"] = [(hf + "self_attn.o_proj.weight", (d, q))]
+        if cfg.qk_norm:
+            m[ours + "self_attn.q_norm.weight"] = [(hf + "self_attn.q_norm.weight", (hd,))]
+            m[ours + "self_attn.k_norm.weight"] = [(hf + "self_attn.k_norm.weight", (hd,))]
+        m[ours + "post_attention_layernorm.weight"] = [(hf + "post_attention_layernorm.weight", (d,))]
+        m[ours + "mlp.gate_up_proj.weight"] = [(hf + "mlp.gate_proj.weight", (f, d)), (hf + "mlp.up_proj.weight", (f, d))]
+        m[ours + "mlp.down_proj.weight"] = [(hf + "mlp.down_proj.weight", (d, f))]
+    m["norm.weight"] = [(f"{prefix}norm.weight", (d,))]
+    if not cfg.tie_word_embeddings:
+        m["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, d))]
+    return m
+
+
+def weight_files(path: Path) -> dict[str, Path]:
+    """HF tensor name -> the file holding it (reads the shard index when there is one)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: not a valid shard index ({e!r})") from None
+        files = {name: path / fname for name, fname in weight_map.items()}
+        for f in set(files.values()):
+            if not f.is_file():
+                raise FileNotFoundError(f"{f}: listed in {index.name} but missing")
+        return files
+    single = path / "model.safetensors"
+    if not single.is_file():
+        found = sorted(p.name for p in path.glob("*.safetensors"))
+        hint = f" (found {found} but no model.safetensors.index.json)" if found else ""
+        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
+    return {name: single for name in _open(single).keys()}
+
+
+def _open(file: Path):
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError, Exception) as e:  # the error type varies by failure
+        raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+
+
+def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Read exactly the tensors in ``wanted`` (name -> shape) from the directory ``path``.
+
+    Every name must be present with that shape; any other tensor in the files is an error,
+    except those in ``optional`` (read if present and shape-checked, e.g. a tied lm_head).
+    """
+    files = weight_files(path)
+    missing = [n for n in wanted if n not in files]
+    unexpected = [n for n in files if n not in wanted and n not in optional]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing tensor(s): {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(f"unexpected tensor(s): {', '.join(unexpected[:8])}{' …' if len(unexpected) > 8 else ''}")
+        raise ValueError(f"{path}: checkpoint does not match config.json: " + "; ".join(parts))
+    out: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    for f, names in by_file.items():
+        handle = _open(f)
+        with handle as sf:
+            for name in names:
+                try:
+                    t = sf.get_tensor(name)
+                except Exception as e:
+                    raise ValueError(f"{f}: cannot read tensor {name!r} ({e})") from None
+                shape = wanted.get(name)
+                if shape is not None and tuple(t.shape) != tuple(shape):
+                    raise ValueError(f"{f}: tensor {name!r} has shape {tuple(t.shape)}, config.json implies {tuple(shape)}")
+                out[name] = t
+    return out
+
+
+def load_model(
+    path: str | Path,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    cfg: ModelConfig | None = None,
+) -> Transformer:
+    """Load a Qwen3/Qwen2 checkpoint directory into a ``Transformer`` in eval mode.
+
+    dtype: default fp32 on CPU (the fast CPU dtype) and the checkpoint's dtype elsewhere.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: not a directory (expected a HF checkpoint directory)")
+    cfg = cfg or ModelConfig.load(path)
+    device = torch.device(device)
+    dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else parse_dtype(cfg.torch_dtype, "config torch_dtype"))
+    nmap = name_map(cfg)
+    wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
+    optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    tensors = read_tensors(path, wanted, optional)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state = {ours: torch.cat([tensors[hf] for hf, _ in parts], dim=0) if len(parts) > 1 else tensors[parts[0][0]]
+             for ours, parts in nmap.items()}
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's weights under HF names (fused projections split back)."""
+    ours = model.state_dict()
+    out = {}
+    for name, parts in name_map(model.cfg).items():
+        pieces = ours[name].split([shape[0] for _, shape in parts], dim=0)
+        for (hf, _), t in zip(parts, pieces):
+            out[hf] = t
+    return out
+
+
+def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | None = None,
+               max_shard_bytes: int | None = None) -> None:
+    """Write ``config.json`` and safetensors (sharded with an index when over ``max_shard_bytes``)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = parse_dtype(dtype) or model.dtype
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in hf_state_dict(model).items()}
+    cfg = model.cfg.replace(torch_dtype=str(dtype).removeprefix("torch."))
+    cfg.save(path)
+    meta = {"format": "pt"}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if max_shard_bytes is None or total <= max_shard_bytes:
+        save_file(tensors, str(path / "model.safetensors"), metadata=meta)
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / fname), metadata=meta)
+        weight_map.update({name: fname for name in shard})
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")

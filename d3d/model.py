@@ -1,0 +1,203 @@
+"""The transformer shared by target and drafter: Qwen3 (and Qwen2) written for reading.
+
+One forward pass takes packed new tokens of N sequences, their cache rows and an attention
+layout (see ``d3d.cache.PassLayout`` and ``d3d.kernels.attention``), appends their K/V to the
+cache and returns logits. Called on a ``[batch, seq]`` LongTensor with no cache it is a plain
+causal forward returning ``[batch, seq, vocab]``.
+
+Shapes: T = packed new tokens, d = hidden, H/Hkv = query/KV heads, D = head_dim.
+
+Two projections are fused for speed (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``):
+on a CPU with a small model every matmul call costs ~10 us of overhead whatever its size, and
+fusing cuts 7 matmuls per layer to 4. The checkpoint name map in ``d3d.checkpoint`` splits and
+joins them, so files keep the Hugging Face names.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KVCache, PassLayout, make_layout
+from .config import ModelConfig
+from .kernels.attention import packed_attention
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in fp32 (as HF does) for low-precision inputs."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        y = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [max_positions, D] in fp32 (non-interleaved halves, as HF's rotate_half)."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+    t = torch.arange(cfg.max_position_embeddings, dtype=torch.float64, device=device)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().float(), emb.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos/sin: [T, 1, D]. Rotates (x1, x2) halves: x*cos + rotate_half(x)*sin."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, layout: PassLayout, k_cache=None, v_cache=None):
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.cfg.q_size, self.cfg.kv_size, self.cfg.kv_size], dim=-1)
+        q = q.view(T, self.n_heads, self.head_dim)
+        k = k.view(T, self.n_kv, self.head_dim)
+        v = v.view(T, self.n_kv, self.head_dim)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if k_cache is None:
+            out = packed_attention(q, k, v, None, None, layout.cu_seqlens, layout.cache_lens,
+                                   layout.group_ids, max_seqlen=layout.max_seqlen)
+        else:
+            # Write the new K/V into the cache first, then attend to it in place (no copies).
+            k_cache[layout.write_rows, :, layout.positions] = k.to(k_cache.dtype)
+            v_cache[layout.write_rows, :, layout.positions] = v.to(v_cache.dtype)
+            out = packed_attention(q, None, None, k_cache, v_cache, layout.cu_seqlens, layout.cache_lens,
+                                   layout.group_ids, cache_rows=layout.rows, max_seqlen=layout.max_seqlen)
+        return self.o_proj(out.reshape(T, self.cfg.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, layout, k_cache=None, v_cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layout, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """Qwen3/Qwen2 decoder-only language model."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ---------------------------------------------------------------- helpers
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE tables, built on first use on the model's device (not a buffer: meta-device safe)."""
+        if self._rope is None or self._rope[0].device != self.device:
+            self._rope = rope_tables(self.cfg, self.device)
+        return self._rope
+
+    def new_cache(self, rows: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        return KVCache(self.cfg, rows, max_len, dtype or self.dtype, self.device)
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        layout: PassLayout | None = None,
+        cache: KVCache | None = None,
+        logits_index: torch.Tensor | None = None,
+        hidden_layers: tuple[int, ...] = (),
+    ):
+        """Run one pass.
+
+        input_ids: ``[T]`` packed new tokens described by ``layout``, or ``[B, S]`` for a plain
+            causal forward (then ``layout`` may be omitted).
+        cache: when given, the new K/V are appended to it and ``cache.lengths`` advance.
+        logits_index: ``[M]`` indices into the packed tokens whose logits are wanted (default all).
+        hidden_layers: layer indices whose output hidden states are returned too (0 = embeddings,
+            i = after layer i), for DFlash-style conditioning.
+        Returns logits ``[T, V]`` (``[B, S, V]`` for a ``[B, S]`` input, ``[M, V]`` with
+        logits_index), or ``(logits, [hidden ...])`` when ``hidden_layers`` is non-empty.
+        """
+        batched = input_ids.dim() == 2
+        if batched:
+            B, S = input_ids.shape
+            if layout is None:
+                if cache is not None:
+                    layout = cache.layout([S] * B)
+                else:
+                    layout = make_layout(list(range(B)), [S] * B, [0] * B, self.device)
+            input_ids = input_ids.reshape(-1)
+        if layout is None:
+            raise ValueError("a packed [T] input needs a layout (see KVCache.layout / make_layout)")
+        if input_ids.shape[0] != layout.num_tokens:
+            raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, layout describes {layout.num_tokens}")
+        cos, sin = self.rope()
+        cos, sin = cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1)
+        x = self.embed_tokens(input_ids)
+        hidden = [x] if 0 in hidden_layers else []
+        for i, layer in enumerate(self.layers):
+            kc = vc = None
+            if cache is not None:
+                kc, vc = cache.k[i], cache.v[i]
+            x = layer(x, cos, sin, layout, kc, vc)
+            if i + 1 in hidden_layers:
+                hidden.append(x)
+        if cache is not None:
+            cache.advance(layout)
+        if logits_index is not None:
+            x = x.index_select(0, logits_index)
+        logits = F.linear(self.norm(x), self.output_weight())
+        if batched and logits_index is None:
+            logits = logits.view(B, S, -1)
+        return (logits, hidden) if hidden_layers else logits
