@@ -1,0 +1,28 @@
+"""d3d — D3D: decoupled diffusion drafting for asynchronous speculative decoding.
+
+The public API::
+
+    model = d3d.load_model("models/...")            # Qwen3/Qwen2 HF checkpoint directory
+    tok = d3d.load_tokenizer("models/...")
+    out = d3d.generate(model, tok.encode("def fib(n):"), max_new_tokens=64)
+    print(tok.decode(out.tokens[0]), out.stats.tokens_per_second)
+"""
+
+from .checkpoint import load_model, save_model
+from .config import ModelConfig
+from .engines import GenerationOutput, GenerationStats, generate
+from .model import Transformer
+from .tokenizer import Tokenizer, load_tokenizer
+
+__all__ = [
+    "GenerationOutput",
+    "GenerationStats",
+    "ModelConfig",
+    "Tokenizer",
+    "Transformer",
+    "generate",
+    "load_model",
+    "load_tokenizer",
+    "save_model",
+]
+__version__ = "0.1.0"

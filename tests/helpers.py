@@ -1,0 +1,51 @@
+"""Shared test helpers: tiny random Hugging Face checkpoints built with transformers (the oracle)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def make_hf_model(kind: str = "qwen3", *, vocab=257, hidden=64, inter=96, layers=2, heads=4, kv_heads=2,
+                  head_dim=16, tied=False, max_pos=512, seed=0, eos=None):
+    """A random tiny transformers Qwen3/Qwen2 causal LM in eval mode (fp32)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
+                  tie_word_embeddings=tied, rope_theta=10000.0 + seed, eos_token_id=eos)
+    if kind == "qwen3":
+        cfg = transformers.Qwen3Config(head_dim=head_dim, **common)
+        model = transformers.Qwen3ForCausalLM(cfg)
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:
+        raise ValueError(kind)
+    # Random init leaves norms at 1 and biases at 0: perturb them so the test sees them.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def save_hf(model, path: Path, *, layout: str = "new", max_shard_size: str | None = None) -> Path:
+    """save_pretrained, then optionally rewrite config.json in the old layout (rope_theta/torch_dtype)."""
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    cfg_file = Path(path) / "config.json"
+    raw = json.loads(cfg_file.read_text())
+    if layout == "old":
+        rope = raw.pop("rope_parameters", None) or {}
+        raw["rope_theta"] = rope.get("rope_theta", raw.get("rope_theta"))
+        raw["torch_dtype"] = raw.pop("dtype", "float32")
+    elif layout == "new":
+        theta = raw.pop("rope_theta", None)
+        raw.setdefault("rope_parameters", {"rope_theta": theta, "rope_type": "default"})
+        raw.pop("torch_dtype", None)
+    cfg_file.write_text(json.dumps(raw, indent=2))
+    return Path(path)

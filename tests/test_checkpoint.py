@@ -1,0 +1,104 @@
+"""Bad checkpoints and bad generation arguments get clear errors naming the file/argument."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from d3d.checkpoint import load_model
+from d3d.config import ModelConfig
+from d3d.engines import generate
+
+from helpers import make_hf_model, save_hf
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    save_hf(make_hf_model("qwen3", max_pos=64), tmp_path)
+    return tmp_path
+
+
+def _rewrite(path, fn):
+    tensors = load_file(path / "model.safetensors")
+    fn(tensors)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_missing_tensor(ckpt):
+    _rewrite(ckpt, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(ValueError, match=r"missing tensor\(s\): model.layers.1.mlp.up_proj.weight"):
+        load_model(ckpt)
+
+
+def test_unexpected_tensor(ckpt):
+    _rewrite(ckpt, lambda t: t.update({"model.layers.7.extra": torch.zeros(2)}))
+    with pytest.raises(ValueError, match=r"unexpected tensor\(s\): model.layers.7.extra"):
+        load_model(ckpt)
+
+
+def test_wrong_shape(ckpt):
+    _rewrite(ckpt, lambda t: t.update({"model.norm.weight": torch.ones(63)}))
+    with pytest.raises(ValueError, match=r"model.safetensors: tensor 'model.norm.weight' has shape \(63,\), config.json implies \(64,\)"):
+        load_model(ckpt)
+
+
+def test_truncated_and_not_safetensors(ckpt):
+    f = ckpt / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_model(ckpt)
+    f.write_bytes(b"this is not a safetensors file at all")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        load_model(ckpt)
+
+
+def test_no_weights_or_dir(ckpt, tmp_path):
+    (ckpt / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        load_model(ckpt)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        load_model(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c.update(model_type="llama"), "unknown model_type 'llama'"),
+    (lambda c: c.pop("hidden_size"), "missing field"),
+    (lambda c: c.update(num_key_value_heads=3), "not a multiple of num_key_value_heads"),
+    (lambda c: (c.pop("rope_parameters", None), c.pop("rope_theta", None)), "rope_theta"),
+])
+def test_bad_config(ckpt, edit, message):
+    f = ckpt / "config.json"
+    raw = json.loads(f.read_text())
+    edit(raw)
+    f.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=message) as info:
+        load_model(ckpt)
+    assert "config.json" in str(info.value)
+
+
+def test_config_json_not_json(ckpt):
+    (ckpt / "config.json").write_text("{ nope")
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+        ModelConfig.load(ckpt)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(prompt_ids=[]), "empty prompt"),
+    (dict(prompt_ids=[[1, 2], []]), r"prompt_ids\[1\]: empty prompt"),
+    (dict(prompt_ids=[1, 999]), r"token id\(s\) \[999\] out of range"),
+    (dict(prompt_ids=[1, -1]), "out of range"),
+    (dict(prompt_ids=list(range(60)), max_new_tokens=10), "exceeds the model's max_position_embeddings=64"),
+    (dict(prompt_ids=[1], max_new_tokens=0), "max_new_tokens=0"),
+    (dict(prompt_ids=[1], max_new_tokens=-3), "max_new_tokens=-3"),
+    (dict(prompt_ids=[1], temperature=-0.5), "temperature=-0.5"),
+    (dict(prompt_ids=[1], temperature=float("nan")), "temperature=nan"),
+    (dict(prompt_ids=[1], top_p=1.5), "top_p=1.5"),
+    (dict(prompt_ids=[1], top_k=0), "top_k=0"),
+    (dict(prompt_ids=[1], mode="warp"), "mode='warp'"),
+])
+def test_bad_generate_arguments(ckpt, kwargs, message):
+    model = load_model(ckpt)
+    with pytest.raises(ValueError, match=message):
+        generate(model, **{"max_new_tokens": 4, **kwargs})
