@@ -1,0 +1,79 @@
+"""Plain loop-based oracles for the kernels, used only by tests and benches.
+
+They favour the obvious over the fast: explicit Python loops over sequences and queries,
+float64 arithmetic, GQA by repeating kv heads. Nothing here is called on a hot path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["packed_attention_reference", "bd3_training_mask_reference"]
+
+
+def packed_attention_reference(
+    q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows=None, scale=None
+) -> torch.Tensor:
+    """Packed block-causal attention (DESIGN.md §4), one query at a time, in float64.
+
+    Same arguments as ``d3d.kernels.attention.packed_attention``; returns float64 [T, H, D].
+    For query i of sequence n the visible keys are every cached key of its cache row and the
+    new keys j of the same sequence with ``group_ids[j] <= group_ids[i]``.
+    """
+    T, H, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    cu = [int(x) for x in cu_seqlens]
+    N = len(cu) - 1
+    rows = list(range(N)) if cache_rows is None else [int(x) for x in cache_rows]
+    groups = [int(x) for x in group_ids]
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+
+    for n in range(N):
+        start, end, c = cu[n], cu[n + 1], int(cache_lens[n])
+        L = end - start
+        if L == 0:
+            continue
+        # all keys of sequence n, [Hkv, c + L, D]
+        if k is None:
+            keys = k_cache[rows[n], :, : c + L]
+            values = v_cache[rows[n], :, : c + L]
+        else:
+            new_k, new_v = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+            if c > 0:
+                keys = torch.cat([k_cache[rows[n], :, :c], new_k], dim=1)
+                values = torch.cat([v_cache[rows[n], :, :c], new_v], dim=1)
+            else:
+                keys, values = new_k, new_v
+        repeat = H // keys.shape[0]
+        keys = keys.double().cpu().repeat_interleave(repeat, dim=0)  # [H, c+L, D]
+        values = values.double().cpu().repeat_interleave(repeat, dim=0)
+
+        for i in range(L):
+            visible = list(range(c))
+            for j in range(L):
+                if groups[start + j] <= groups[start + i]:
+                    visible.append(c + j)
+            kv_idx = torch.tensor(visible)
+            query = q[start + i].double().cpu()  # [H, D]
+            scores = torch.einsum("hd,hsd->hs", query, keys[:, kv_idx]) * scale
+            weights = torch.softmax(scores, dim=-1)
+            out[start + i] = torch.einsum("hs,hsd->hd", weights, values[:, kv_idx])
+    return out
+
+
+def bd3_training_mask_reference(L: int, block_size: int) -> torch.Tensor:
+    """The BD3 training mask over ``x_t ⊕ x_0`` built entry by entry (bool [2L, 2L])."""
+    mask = torch.zeros(2 * L, 2 * L, dtype=torch.bool)
+    for i in range(2 * L):
+        for j in range(2 * L):
+            q_clean, k_clean = i >= L, j >= L
+            q_blk, k_blk = (i % L) // block_size, (j % L) // block_size
+            if q_clean == k_clean and q_blk == k_blk:
+                mask[i, j] = True
+            elif not q_clean and k_clean and k_blk < q_blk:
+                mask[i, j] = True
+            elif q_clean and k_clean and k_blk <= q_blk:
+                mask[i, j] = True
+    return mask
