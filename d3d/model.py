@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import KVCache, PassLayout, make_layout
+from .cache import KVCache, PassLayout
 from .config import ModelConfig
 from .kernels.attention import packed_attention
 
@@ -67,16 +67,22 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, layout: PassLayout, k_cache=None, v_cache=None):
-        T = x.shape[0]
+    def forward(self, x, cos, sin, layout: PassLayout | None, k_cache=None, v_cache=None, attn_mask=None):
+        """x: [T, d] packed (with ``layout``) or [B, S, d] dense (training: causal or ``attn_mask``)."""
+        shape = x.shape[:-1]
         q, k, v = self.qkv_proj(x).split([self.cfg.q_size, self.cfg.kv_size, self.cfg.kv_size], dim=-1)
-        q = q.view(T, self.n_heads, self.head_dim)
-        k = k.view(T, self.n_kv, self.head_dim)
-        v = v.view(T, self.n_kv, self.head_dim)
+        q = q.view(*shape, self.n_heads, self.head_dim)
+        k = k.view(*shape, self.n_kv, self.head_dim)
+        v = v.view(*shape, self.n_kv, self.head_dim)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if k_cache is None:
+        if layout is None:
+            # Dense batch [B, S]: one SDPA call (the training path, autograd-friendly).
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
+                is_causal=attn_mask is None, enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
+        elif k_cache is None:
             out = packed_attention(q, k, v, None, None, layout.cu_seqlens, layout.cache_lens,
                                    layout.group_ids, max_seqlen=layout.max_seqlen)
         else:
@@ -85,7 +91,7 @@ class Attention(nn.Module):
             v_cache[layout.write_rows, :, layout.positions] = v.to(v_cache.dtype)
             out = packed_attention(q, None, None, k_cache, v_cache, layout.cu_seqlens, layout.cache_lens,
                                    layout.group_ids, cache_rows=layout.rows, max_seqlen=layout.max_seqlen)
-        return self.o_proj(out.reshape(T, self.cfg.q_size))
+        return self.o_proj(out.reshape(*shape, self.cfg.q_size))
 
 
 class MLP(nn.Module):
@@ -109,8 +115,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, layout, k_cache=None, v_cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layout, k_cache, v_cache)
+    def forward(self, x, cos, sin, layout, k_cache=None, v_cache=None, attn_mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layout, k_cache, v_cache, attn_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -157,47 +163,58 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         logits_index: torch.Tensor | None = None,
         hidden_layers: tuple[int, ...] = (),
+        attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ):
         """Run one pass.
 
-        input_ids: ``[T]`` packed new tokens described by ``layout``, or ``[B, S]`` for a plain
-            causal forward (then ``layout`` may be omitted).
-        cache: when given, the new K/V are appended to it and ``cache.lengths`` advance.
-        logits_index: ``[M]`` indices into the packed tokens whose logits are wanted (default all).
-        hidden_layers: layer indices whose output hidden states are returned too (0 = embeddings,
-            i = after layer i), for DFlash-style conditioning.
-        Returns logits ``[T, V]`` (``[B, S, V]`` for a ``[B, S]`` input, ``[M, V]`` with
-        logits_index), or ``(logits, [hidden ...])`` when ``hidden_layers`` is non-empty.
+        Inference (packed): ``input_ids`` ``[T]`` new tokens of N sequences described by
+            ``layout``; with ``cache`` their K/V are appended and ``cache.lengths`` advance.
+            A ``[B, S]`` input with a cache is packed for you (S new tokens per row).
+        Dense (training): ``input_ids`` ``[B, S]`` with no cache and no layout — a causal
+            forward, or ``attn_mask`` (bool ``[S, S]``, True = may attend) with ``positions``
+            (``[S]``, default ``arange(S)``) for other layouts such as the BD3 training mask.
+        logits_index: ``[M]`` indices into the (flattened) tokens whose logits are wanted.
+        hidden_layers: layer indices whose outputs are returned too (0 = embeddings, i = after
+            layer i), for DFlash-style conditioning.
+        Returns logits ``[T, V]`` / ``[B, S, V]`` (``[M, V]`` with logits_index), or
+        ``(logits, [hidden ...])`` when ``hidden_layers`` is non-empty.
         """
-        batched = input_ids.dim() == 2
-        if batched:
-            B, S = input_ids.shape
-            if layout is None:
-                if cache is not None:
-                    layout = cache.layout([S] * B)
-                else:
-                    layout = make_layout(list(range(B)), [S] * B, [0] * B, self.device)
-            input_ids = input_ids.reshape(-1)
-        if layout is None:
-            raise ValueError("a packed [T] input needs a layout (see KVCache.layout / make_layout)")
-        if input_ids.shape[0] != layout.num_tokens:
-            raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, layout describes {layout.num_tokens}")
         cos, sin = self.rope()
-        cos, sin = cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1)
+        dense = input_ids.dim() == 2 and cache is None and layout is None
+        batch_shape = input_ids.shape if input_ids.dim() == 2 and logits_index is None else None
+        if dense:
+            B, S = input_ids.shape
+            pos = torch.arange(S, device=input_ids.device) if positions is None else positions
+            cos, sin = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)  # broadcast over [B, S, heads, D]
+        else:
+            if attn_mask is not None or positions is not None:
+                raise ValueError("attn_mask/positions are for dense [B, S] passes; packed passes use a layout")
+            if input_ids.dim() == 2:
+                B, S = input_ids.shape
+                if cache is None:
+                    raise ValueError("a [B, S] input with a layout needs packing: pass input_ids.reshape(-1)")
+                layout = layout or cache.layout([S] * B)
+                input_ids = input_ids.reshape(-1)
+            if layout is None:
+                raise ValueError("a packed [T] input needs a layout (see KVCache.layout / make_layout)")
+            if input_ids.shape[0] != layout.num_tokens:
+                raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, layout describes {layout.num_tokens}")
+            cos, sin = cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1)
         x = self.embed_tokens(input_ids)
         hidden = [x] if 0 in hidden_layers else []
         for i, layer in enumerate(self.layers):
             kc = vc = None
             if cache is not None:
                 kc, vc = cache.k[i], cache.v[i]
-            x = layer(x, cos, sin, layout, kc, vc)
+            x = layer(x, cos, sin, layout, kc, vc, attn_mask)
             if i + 1 in hidden_layers:
                 hidden.append(x)
         if cache is not None:
             cache.advance(layout)
         if logits_index is not None:
-            x = x.index_select(0, logits_index)
+            x = x.reshape(-1, x.shape[-1]).index_select(0, logits_index)
         logits = F.linear(self.norm(x), self.output_weight())
-        if batched and logits_index is None:
-            logits = logits.view(B, S, -1)
+        if batch_shape is not None:
+            logits = logits.view(*batch_shape, -1)
         return (logits, hidden) if hidden_layers else logits

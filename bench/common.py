@@ -1,0 +1,74 @@
+"""Shared benchmark helpers: machine description, timing with medians, Markdown tables, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+
+def machine() -> dict:
+    import torch
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def timeit(fn, repeats: int, warmup: int = 1) -> dict:
+    """Run ``fn`` warmup + repeats times; seconds per run: median, min, max, all."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "all": times}
+
+
+def copy_bandwidth_gbs(nbytes: int = 256 << 20, repeats: int = 7) -> float:
+    """Measured memory bandwidth of a large tensor copy (bytes read + written per second), GB/s."""
+    import torch
+
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t = timeit(lambda: dst.copy_(src), repeats)
+    return 2 * nbytes / t["median"] / 1e9
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    def fmt(x):
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {path}")

@@ -1,0 +1,116 @@
+"""Autoregressive decode: d3d vs transformers ``generate`` on the same checkpoint, batch 1.
+
+Two model sizes, chosen for what bounds them on a CPU:
+  qwen3-100m  memory-bound: every token streams all weights once; we report achieved GB/s
+              (weight bytes read per token x tok/s) against the measured copy bandwidth.
+  qwen3-15m   overhead-bound: per-token Python and kernel-launch cost dominates.
+
+Both engines run greedy, the same prompt and token count, side by side in one process, repeats
+interleaved; tok/s counts generated tokens over the whole call (prefill included, for both).
+
+    python bench/decode.py [--sizes qwen3-15m qwen3-100m] [--new-tokens 128] [--repeats 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth_gbs, machine, markdown_table, write_json  # noqa: E402
+
+import d3d  # noqa: E402
+from d3d.config import preset  # noqa: E402
+from d3d.model import Transformer  # noqa: E402
+
+
+def weight_bytes_per_token(model: Transformer) -> int:
+    """Bytes of weights read to decode one token: everything but the embedding table, plus the
+    output matrix (which is the embedding table when tied); the embedding lookup reads one row."""
+    cfg = model.cfg
+    total = cfg.num_parameters(include_embeddings=False) + cfg.vocab_size * cfg.hidden_size
+    return total * model.dtype.itemsize
+
+
+def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_hf: bool) -> dict:
+    torch.manual_seed(0)
+    cfg = preset(name)
+    model = Transformer(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    model.eval().requires_grad_(False)
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_len,))
+    runners = {"d3d": lambda: d3d.generate(model, prompt.tolist(), max_new_tokens=new_tokens, stop_ids=[])}
+    if with_hf:
+        import transformers
+
+        with tempfile.TemporaryDirectory() as tmp:
+            d3d.save_model(model, tmp)
+            hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+
+        def run_hf():
+            with torch.inference_mode():
+                out = hf.generate(prompt[None], max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                  do_sample=False, pad_token_id=0)
+            return out
+
+        ours = runners["d3d"]().tokens[0]
+        theirs = run_hf()[0, prompt_len:].tolist()
+        if ours != theirs:
+            raise SystemExit(f"{name}: d3d and transformers disagree on the greedy output — not timing")
+        runners["transformers"] = run_hf
+    times = {k: [] for k in runners}
+    for k, fn in runners.items():
+        fn()  # warm-up
+    for _ in range(repeats):  # interleaved, so drift hits both alike
+        for k, fn in runners.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    res = {"model": name, "parameters": cfg.num_parameters(), "weight_bytes_per_token": weight_bytes_per_token(model)}
+    for k, ts in times.items():
+        res[k] = {"tok_s_median": new_tokens / statistics.median(ts), "seconds": ts}
+    res["d3d_gb_s"] = res["d3d"]["tok_s_median"] * res["weight_bytes_per_token"] / 1e9
+    if "transformers" in res:
+        res["speedup_vs_transformers"] = res["d3d"]["tok_s_median"] / res["transformers"]["tok_s_median"]
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", nargs="+", default=["qwen3-15m", "qwen3-100m"], help="presets from d3d.config.PRESETS")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--no-transformers", action="store_true", help="time d3d only")
+    ap.add_argument("--out", default=None, help="write the JSON here")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bw = copy_bandwidth_gbs()
+    print(f"measured copy bandwidth: {bw:.1f} GB/s; {machine()['cpu']}, {torch.get_num_threads()} threads")
+    results = []
+    for name in args.sizes:
+        print(f"benchmarking {name} ...", flush=True)
+        results.append(bench_size(name, args.new_tokens, args.repeats, args.prompt_len, not args.no_transformers))
+    rows = []
+    for r in results:
+        hf = r.get("transformers", {}).get("tok_s_median")
+        rows.append([r["model"], f"{r['parameters'] / 1e6:.1f}M", r["d3d"]["tok_s_median"],
+                     hf if hf else "-", r.get("speedup_vs_transformers", "-"),
+                     r["d3d_gb_s"], f"{100 * r['d3d_gb_s'] / bw:.0f}%"])
+    print(markdown_table(["model", "params", "d3d tok/s", "transformers tok/s", "ratio", "d3d GB/s", "of copy BW"], rows))
+    write_json(args.out, {"bench": "decode", "machine": machine(), "copy_bandwidth_gb_s": bw,
+                          "config": vars(args), "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
