@@ -199,47 +199,55 @@ def _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, ca
     return N, Hkv
 
 
-def _check_values(q, k, k_cache, cu_seqlens, cache_lens, group_ids, cache_rows, max_seqlen):
-    """Checks on index values: each one syncs with the device."""
+def _check_values(q, k, k_cache, cu, cached, rows, max_seqlen):
+    """Checks on index values, given as host lists (reading them is the device sync).
+
+    ``cu``, ``cached`` and ``rows`` are ``cu_seqlens``, ``cache_lens`` and ``cache_rows``
+    (or None) as Python lists. Group ids are checked by ``_check_groups``.
+    """
 
     def fail(msg):
         raise ValueError(f"packed_attention: {msg}")
 
     T = q.shape[0]
-    cu = cu_seqlens.long()
-    if cu[0].item() != 0:
-        fail(f"cu_seqlens[0] = {cu[0].item()}, must be 0")
-    lens = cu[1:] - cu[:-1]
-    if lens.numel() and lens.min().item() < 0:
+    if cu[0] != 0:
+        fail(f"cu_seqlens[0] = {cu[0]}, must be 0")
+    lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
+    if any(L < 0 for L in lens):
         fail("cu_seqlens must be non-decreasing")
-    if cu[-1].item() != T:
-        fail(f"cu_seqlens[-1] = {cu[-1].item()} differs from the number of tokens T = {T}")
-    if lens.numel() and max_seqlen is not None and lens.max().item() > max_seqlen:
-        fail(f"max_seqlen = {max_seqlen} is smaller than the longest sequence ({lens.max().item()})")
-    if cache_lens.numel() and cache_lens.min().item() < 0:
+    if cu[-1] != T:
+        fail(f"cu_seqlens[-1] = {cu[-1]} differs from the number of tokens T = {T}")
+    if lens and max_seqlen is not None and max(lens) > max_seqlen:
+        fail(f"max_seqlen = {max_seqlen} is smaller than the longest sequence ({max(lens)})")
+    if any(c < 0 for c in cached):
         fail("cache_lens must be >= 0")
     if k_cache is None:
-        if cache_lens.numel() and cache_lens.max().item() != 0:
+        if any(cached):
             fail("cache_lens must be all 0 when k_cache is None")
-    else:
-        R, Lmax = k_cache.shape[0], k_cache.shape[2]
-        needed = cache_lens.long() + (lens if k is None else 0)
-        if needed.numel() and needed.max().item() > Lmax:
-            what = "cache_lens + new tokens" if k is None else "cache_lens"
-            fail(f"{what} reaches {needed.max().item()} > cache length Lmax = {Lmax}")
-        if cache_rows is not None and cache_rows.numel():
-            if cache_rows.min().item() < 0 or cache_rows.max().item() >= R:
-                fail(f"cache_rows must lie in [0, R={R})")
-        elif cache_rows is None and cache_lens.shape[0] > R:
-            fail(f"{cache_lens.shape[0]} sequences but only R={R} cache rows (pass cache_rows)")
-    if T > 1:
-        # a step down in group ids is allowed only where a new sequence starts
-        down = group_ids[1:] < group_ids[:-1]
-        starts = cu[1:-1]
-        starts = starts[(starts > 0) & (starts < T)]
-        down[starts - 1] = False
-        if down.any().item():
-            fail("group_ids must be non-decreasing inside each sequence")
+        return
+    R, Lmax = k_cache.shape[0], k_cache.shape[2]
+    needed = [c + L for c, L in zip(cached, lens)] if k is None else cached
+    if needed and max(needed) > Lmax:
+        what = "cache_lens + new tokens" if k is None else "cache_lens"
+        fail(f"{what} reaches {max(needed)} > cache length Lmax = {Lmax}")
+    if rows is None:
+        if len(cached) > R:
+            fail(f"{len(cached)} sequences but only R={R} cache rows (pass cache_rows)")
+    elif any(r < 0 or r >= R for r in rows):
+        fail(f"cache_rows must lie in [0, R={R})")
+
+
+def _check_groups(group_ids, cu):
+    """group_ids non-decreasing inside every sequence (a step down is fine where one starts)."""
+    T = group_ids.shape[0]
+    if T < 2:
+        return
+    down = group_ids[1:] < group_ids[:-1]
+    starts = [s for s in cu[1:-1] if 0 < s < T]
+    if starts:
+        down[torch.tensor(starts, device=down.device) - 1] = False
+    if down.any().item():
+        raise ValueError("packed_attention: group_ids must be non-decreasing inside each sequence")
 
 
 def _debug_checks() -> bool:
@@ -264,15 +272,15 @@ def packed_attention_torch(
     ``g[None, :] <= g[:, None]``). Lengths are read on the host (free on CPU).
     """
     N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out)
-    _check_values(q, k, k_cache, cu_seqlens, cache_lens, group_ids, cache_rows, max_seqlen)
+    cu, cached = cu_seqlens.tolist(), cache_lens.tolist()
+    rows = cache_rows.tolist() if cache_rows is not None else None
+    _check_values(q, k, k_cache, cu, cached, rows, max_seqlen)
+    rows = rows if rows is not None else range(N)
     T, H, D = q.shape
     out = torch.empty_like(q) if out is None else out
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     gqa = H != Hkv
 
-    cu = cu_seqlens.tolist()
-    cached = cache_lens.tolist()
-    rows = cache_rows.tolist() if cache_rows is not None else range(N)
     for n in range(N):
         s, e, c = cu[n], cu[n + 1], cached[n]
         L = e - s
@@ -291,16 +299,19 @@ def packed_attention_torch(
         mask, causal = None, False
         if L > 1:
             g = group_ids[s:e]
-            strictly_increasing = bool((g[1:] > g[:-1]).all())
-            if strictly_increasing and c == 0:
-                causal = True  # SDPA's top-left aligned causal mask is exact here
+            step = int((g[1:] - g[:-1]).min())  # also the group check: one op per sequence
+            if step < 0:
+                raise ValueError("packed_attention: group_ids must be non-decreasing inside each sequence")
+            if step > 0 and c == 0:
+                causal = True  # strictly increasing groups: SDPA's top-left causal mask is exact
             else:
                 mask = torch.ones(L, c + L, dtype=torch.bool, device=q.device)
                 mask[:, c:] = g[None, :] <= g[:, None]
+        # 4-d inputs: with 3-d ones CPU SDPA falls back to its slow math kernel
         o = F.scaled_dot_product_attention(
-            qn, kn, vn, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+            qn[None], kn[None], vn[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
         )
-        out[s:e] = o.transpose(0, 1)
+        out[s:e] = o[0].transpose(0, 1)
     return out
 
 
@@ -442,20 +453,22 @@ def _packed_attention_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def _tile_config(head_dim: int, max_seqlen: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Untuned defaults for Hopper/Ampere.
+def _tile_config(head_dim: int, max_seqlen: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): untuned defaults for Ampere/Hopper.
 
     Query tiles never exceed the longest sequence rounded up to a power of two (a verification
     pass has 16 new tokens per sequence: one 16-row tile, not a 128-row one mostly masked).
+    fp32 tiles are halved: twice the bytes per element, in shared memory and registers.
     Under the interpreter each program costs about 1 ms regardless of tile size, so tiles are
     kept at the minimum dot size (16) to exercise multi-tile paths with short test sequences.
     """
     if interpreting():
         return 16, 16, 1, 1
-    block_m = min(max(16, triton.next_power_of_2(max_seqlen)), 128 if head_dim <= 64 else 64)
-    block_n = 64 if head_dim <= 128 else 32
+    wide = dtype == torch.float32
+    block_m = min(max(16, triton.next_power_of_2(max_seqlen)), 128 if head_dim <= 64 and not wide else 64)
+    block_n = 64 if head_dim <= 128 and not wide else 32
     num_warps = 4 if block_m * head_dim <= 64 * 64 else 8
-    return block_m, block_n, num_warps, 2 if head_dim > 128 else 3
+    return block_m, block_n, num_warps, 2 if head_dim > 128 or wide else 3
 
 
 def packed_attention_triton(
@@ -471,7 +484,10 @@ def packed_attention_triton(
     """
     N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out)
     if not q.is_cuda or _debug_checks():
-        _check_values(q, k, k_cache, cu_seqlens, cache_lens, group_ids, cache_rows, max_seqlen)
+        cu = cu_seqlens.tolist()
+        rows = cache_rows.tolist() if cache_rows is not None else None
+        _check_values(q, k, k_cache, cu, cache_lens.tolist(), rows, max_seqlen)
+        _check_groups(group_ids, cu)
     T, H, D = q.shape
     out = torch.empty_like(q) if out is None else out
     if T == 0 or N == 0:
@@ -482,7 +498,7 @@ def packed_attention_triton(
         return out
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
-    bm, bn, num_warps, num_stages = _tile_config(D, max_seqlen)
+    bm, bn, num_warps, num_stages = _tile_config(D, max_seqlen, q.dtype)
     bm, bn = block_m or bm, block_n or bn
     tiles_per_seq = triton.cdiv(max_seqlen, bm)
     # steps for a binary search over at most max_seqlen keys

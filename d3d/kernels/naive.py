@@ -1,6 +1,6 @@
 """Plain loop-based oracles for the kernels, used only by tests and benches.
 
-They favour the obvious over the fast: explicit Python loops over sequences and queries,
+They favour the obvious over the fast: Python loops over sequences, masks built entry by entry,
 float64 arithmetic, GQA by repeating kv heads. Nothing here is called on a hot path.
 """
 
@@ -16,7 +16,7 @@ __all__ = ["packed_attention_reference", "bd3_training_mask_reference"]
 def packed_attention_reference(
     q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows=None, scale=None
 ) -> torch.Tensor:
-    """Packed block-causal attention (DESIGN.md §4), one query at a time, in float64.
+    """Packed block-causal attention (DESIGN.md §4), per sequence with an explicit mask, in float64.
 
     Same arguments as ``d3d.kernels.attention.packed_attention``; returns float64 [T, H, D].
     For query i of sequence n the visible keys are every cached key of its cache row and the
@@ -50,16 +50,14 @@ def packed_attention_reference(
         keys = keys.double().cpu().repeat_interleave(repeat, dim=0)  # [H, c+L, D]
         values = values.double().cpu().repeat_interleave(repeat, dim=0)
 
-        for i in range(L):
-            visible = list(range(c))
-            for j in range(L):
-                if groups[start + j] <= groups[start + i]:
-                    visible.append(c + j)
-            kv_idx = torch.tensor(visible)
-            query = q[start + i].double().cpu()  # [H, D]
-            scores = torch.einsum("hd,hsd->hs", query, keys[:, kv_idx]) * scale
-            weights = torch.softmax(scores, dim=-1)
-            out[start + i] = torch.einsum("hs,hsd->hd", weights, values[:, kv_idx])
+        # the visibility mask, entry by entry: [L, c + L]
+        visible = [[True] * c + [groups[start + j] <= groups[start + i] for j in range(L)]
+                   for i in range(L)]
+        visible = torch.tensor(visible)
+        query = q[start:end].double().cpu().transpose(0, 1)  # [H, L, D]
+        scores = torch.einsum("hld,hsd->hls", query, keys) * scale
+        weights = torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
+        out[start:end] = torch.einsum("hls,hsd->lhd", weights, values)
     return out
 
 
