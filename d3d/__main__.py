@@ -11,7 +11,8 @@ DESCRIPTION = """d3d: diffusion-drafted speculative decoding (D3D) with a from-s
 
 commands:
   generate   generate text from a prompt with a Qwen3/Qwen2 checkpoint directory
-  init       write a randomly initialised checkpoint (for trying the pipeline without weights)
+  init          write a randomly initialised checkpoint (for trying the pipeline without weights)
+  train-target  train a BPE tokenizer and pretrain a small Qwen3 on Python source
 """
 
 
@@ -98,6 +99,20 @@ def cmd_init(args) -> int:
     return 0
 
 
+def cmd_train_target(args) -> int:
+    import torch
+
+    from d3d.train.target import TargetTrainConfig, train_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fields = {k: v for k, v in vars(args).items() if k in TargetTrainConfig.__dataclass_fields__ and v is not None}
+    summary = train_target(TargetTrainConfig(**fields), resume=args.resume,
+                           log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(json.dumps({k: summary[k] for k in ("parameters", "heldout", "train_seconds_this_run")}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m d3d", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -131,6 +146,27 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(fn=cmd_init)
+
+    from d3d.train.target import TargetTrainConfig
+
+    d = TargetTrainConfig(out="")
+    t = sub.add_parser("train-target", help="train a tokenizer and pretrain a small Qwen3 target",
+                       description="Train a byte-level BPE tokenizer and pretrain a Qwen3 with d3d's own model code on "
+                                   "Python source (default: this interpreter's standard library, split train/held-out by "
+                                   "file). Writes a HF-layout checkpoint (config.json, model.safetensors, tokenizer.json, "
+                                   "tokenizer_config.json), training_state.pt for --resume and train_summary.json.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t.add_argument("--out", required=True, help="output directory")
+    t.add_argument("--corpus", help="directory of .py files (default: the standard library)")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
+    t.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "seq_len", "batch_size", "steps", "warmup", "eval_every", "save_every",
+                 "log_every", "seed"):
+        t.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    for name in ("lr", "weight_decay", "grad_clip", "heldout_fraction"):
+        t.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    t.set_defaults(fn=cmd_train_target)
     return p
 
 

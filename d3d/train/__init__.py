@@ -1,0 +1,1 @@
+"""Training: corpus handling, BPE tokenizer training, target pretraining, drafter training."""

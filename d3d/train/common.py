@@ -1,0 +1,74 @@
+"""Pieces every training loop here shares: schedule, optimizer, checkpoints, progress output."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to ``floor * peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norm gains and biases are not decayed)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def save_training_state(path: Path, model, optimizer, step: int, extra: dict) -> None:
+    """Atomic write (tmp + rename), so an interrupted save never leaves a broken checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, **extra}, tmp)
+    os.replace(tmp, path)
+
+
+def load_training_state(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no training checkpoint to resume from")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ValueError(f"{path}: cannot read training checkpoint ({e})") from None
+
+
+def batch_generator(seed: int, step: int) -> torch.Generator:
+    """Randomness for one step depends only on (seed, step): a resumed run sees the same batches."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+class Progress:
+    """One line per report: step, loss, tokens/s, elapsed and ETA."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, out=sys.stderr):
+        self.total, self.start, self.out = total_steps, start_step, out
+        self.t0 = time.perf_counter()
+
+    def report(self, step: int, tokens: int, **fields) -> str:
+        elapsed = time.perf_counter() - self.t0
+        done = step + 1 - self.start
+        eta = elapsed / max(done, 1) * (self.total - step - 1)
+        parts = [f"step {step + 1}/{self.total}"] + [
+            f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items()]
+        parts += [f"{tokens / max(elapsed, 1e-9):.0f} tok/s", f"elapsed {_hms(elapsed)}", f"eta {_hms(eta)}"]
+        line = " | ".join(parts)
+        print(line, file=self.out, flush=True)
+        return line
+
+
+def _hms(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

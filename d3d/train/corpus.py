@@ -1,0 +1,67 @@
+"""The training corpus: real Python source, split into train and held-out *by file*.
+
+Default corpus: the standard library of the running interpreter (DESIGN.md §8) without its test
+suites. The split is a stable hash of each file's path relative to the corpus root, so it is the
+same on every machine and run, and a held-out file is never trained on (by the target or the
+drafters).
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+def default_corpus_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+@dataclass
+class Corpus:
+    root: Path
+    train: list[Path]
+    heldout: list[Path]
+
+    def describe(self) -> str:
+        return f"{self.root}: {len(self.train)} train files, {len(self.heldout)} held-out files"
+
+
+def is_heldout(rel: str, fraction: float) -> bool:
+    return zlib.crc32(rel.encode()) % 10_000 < fraction * 10_000
+
+
+def find_corpus(root: str | Path | None = None, heldout_fraction: float = 0.05, suffix: str = ".py") -> Corpus:
+    """All ``*.py`` files under ``root`` (default: the stdlib), split train / held-out by file."""
+    root = Path(root) if root is not None else default_corpus_root()
+    if not root.exists():
+        raise FileNotFoundError(f"corpus {root}: no such directory")
+    if not root.is_dir():
+        raise ValueError(f"corpus {root}: not a directory")
+    if not 0 < heldout_fraction < 1:
+        raise ValueError(f"heldout_fraction={heldout_fraction}: must be in (0, 1)")
+    files = sorted(p for p in root.rglob(f"*{suffix}")
+                   if p.is_file() and not EXCLUDED_DIRS.intersection(p.relative_to(root).parts[:-1]))
+    files = [p for p in files if p.stat().st_size > 0]
+    if not files:
+        raise ValueError(f"corpus {root}: no non-empty {suffix} files found")
+    train, heldout = [], []
+    for p in files:
+        (heldout if is_heldout(p.relative_to(root).as_posix(), heldout_fraction) else train).append(p)
+    if not train or not heldout:
+        raise ValueError(f"corpus {root}: {len(files)} file(s) are too few to split into train and held-out")
+    return Corpus(root, train, heldout)
+
+
+def read_texts(files: list[Path]) -> list[str]:
+    """File contents; files that are not UTF-8 are skipped (the stdlib has a few test fixtures)."""
+    texts = []
+    for p in files:
+        try:
+            texts.append(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            continue
+    return texts
