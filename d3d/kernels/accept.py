@@ -129,14 +129,18 @@ def _accept_kernel(
 ):
     n = tl.program_id(0).to(tl.int64)
     offs_b = tl.arange(0, BLOCK_B)
-    # -1 past the last draft: row B-1 then never "matches" and yields the bonus.
-    draft = tl.load(draft_ptr + n * stride_dn + offs_b * stride_db, mask=offs_b < B - 1, other=-1)
-    out = tl.full([BLOCK_B], -1, tl.int64)
-    a = tl.full([], 0, tl.int32)
-    active = tl.full([], 1, tl.int32)
+    out_row = out_ptr + n * B
+    tl.store(out_row + offs_b, tl.full([BLOCK_B], -1, tl.int64), mask=offs_b < B)
+    # Scalars carried over the rows (no vector reductions: they are cheap on a GPU, but each is
+    # a costly nested call in the interpreter).
+    a = tl.full([], 0, tl.int32)  # accept length so far
+    active = tl.full([], 1, tl.int32)  # all rows so far accepted
+    y = tl.full([], -1, tl.int64)  # the token committed at the last row visited = the bonus
+    first = tl.full([], B, tl.int32)  # position of the first stop token among the committed
     for j in range(0, B):
         if active != 0:
-            d = tl.sum(tl.where(offs_b == j, draft, 0), axis=0)  # d_{j+1}, or -1 when j = B-1
+            # d_{j+1}; -1 at j = B-1, so that the last row never "matches" and yields the bonus.
+            d = tl.load(draft_ptr + n * stride_dn + j * stride_db, mask=j < B - 1, other=-1)
             row_ptr = logits_ptr + n * stride_ln + j * stride_lb
             if HAS_Q:
                 if j < B - 1:
@@ -165,23 +169,17 @@ def _accept_kernel(
                                            NOISE, False, BLOCK_V)
                 y = y_s.to(tl.int64)
                 acc = y == d
-            out = tl.where(offs_b == j, y, out)
+            # The committed token at row j is y: d itself when accepted, else the bonus.
+            tl.store(out_row + j, y)
+            for i in range(0, S):
+                first = tl.where((y == tl.load(stop_ptr + i)) & (first == B), j, first)
             a += acc.to(tl.int32)
             active = acc.to(tl.int32)
 
-    count = a + 1
-    bonus = tl.sum(tl.where(offs_b == a, out, 0), axis=0)
-    # Stop tokens among the committed ones: emit up to and including the first.
-    is_stop = offs_b < 0
-    for i in range(0, S):
-        is_stop = is_stop | (out == tl.load(stop_ptr + i))
-    is_stop = is_stop & (offs_b < count)
-    first = tl.min(tl.where(is_stop, offs_b, BLOCK_B), axis=0)
-    hit = first < BLOCK_B
+    hit = first < B
     tl.store(acc_ptr + n, a.to(tl.int64))
-    tl.store(bonus_ptr + n, bonus)
-    tl.store(out_ptr + n * B + offs_b, out, mask=offs_b < B)
-    tl.store(num_ptr + n, tl.where(hit, first + 1, count).to(tl.int64))
+    tl.store(bonus_ptr + n, y)
+    tl.store(num_ptr + n, tl.where(hit, first + 1, a + 1).to(tl.int64))
     tl.store(hit_ptr + n, hit.to(tl.uint8))
 
 
