@@ -419,7 +419,7 @@ def _packed_attention_kernel(
         searching = lo < hi
         hidden = g_mid > g_max
         hi = tl.where(searching & hidden, mid, hi)
-        lo = tl.where(searching & (g_mid <= g_max), mid + 1, lo)
+        lo = tl.where(searching & ~hidden, mid + 1, lo)
     key_end = lo
 
     if NEW_KV_IN_CACHE:
