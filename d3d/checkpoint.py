@@ -161,12 +161,15 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | None = None,
-               max_shard_bytes: int | None = None) -> None:
-    """Write ``config.json`` and safetensors (sharded with an index when over ``max_shard_bytes``)."""
+               max_shard_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> None:
+    """Write ``config.json`` and safetensors (sharded with an index when over ``max_shard_bytes``).
+
+    ``exclude``: HF tensor names to leave out (a drafter's shared embedding, for instance).
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     dtype = parse_dtype(dtype) or model.dtype
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in hf_state_dict(model).items()}
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in hf_state_dict(model).items() if k not in exclude}
     cfg = model.cfg.replace(torch_dtype=str(dtype).removeprefix("torch."))
     cfg.save(path)
     meta = {"format": "pt"}

@@ -1,7 +1,10 @@
 """Decoding loops behind one ``generate`` entry point.
 
-``ar`` — plain autoregressive decoding: one target forward per token (the baseline every
-speculative engine must reproduce exactly at temperature 0).
+``ar``    plain autoregressive decoding: one target forward per token (the baseline every
+          speculative engine must reproduce exactly at temperature 0).
+``sync``  draft B-1 tokens with the drafter, verify them with one target forward.
+``async`` D3D: while the target verifies a block, the drafter already drafts the successor
+          block assuming the whole block is accepted (see ``generate_speculative``).
 
 All engines share prefill, argument checks, stop handling and statistics.
 """
@@ -9,13 +12,18 @@ All engines share prefill, argument checks, stop handling and statistics.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
+from .kernels.accept import accept
 from .model import Transformer
 from .sampling import check_sampling_args, sample_next
+
+if TYPE_CHECKING:
+    from .drafter import Drafter
 
 StreamFn = Callable[[int, list[int]], None]  # (sequence index, newly committed token ids)
 
@@ -30,10 +38,30 @@ class GenerationStats:
     decode_seconds: float = 0.0
     target_forwards: int = 0
     stopped: list[bool] = field(default_factory=list)  # ended on a stop token (else: max_new_tokens)
+    # speculative engines only
+    block_size: int = 0
+    rounds: int = 0  # verification rounds, summed over sequences
+    accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = rounds that accepted a drafts
+    drafter_forwards: int = 0
+    fallbacks: int = 0  # async: rounds whose successor draft was unusable (drafted synchronously)
+    successor_hits: int = 0  # async: rounds that used the successor drafted during verification
+    draft_seconds: float = 0.0  # drafting on the critical path
+    hidden_draft_seconds: float = 0.0  # async: drafting that ran concurrently with verification
+    verify_seconds: float = 0.0
 
     @property
     def total_generated(self) -> int:
         return sum(self.num_generated)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted drafts + 1)."""
+        return sum((a + 1) * c for a, c in enumerate(self.accept_hist)) / self.rounds if self.rounds else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """async: share of rounds whose successor draft was used."""
+        return self.successor_hits / self.rounds if self.rounds else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -45,6 +73,8 @@ class GenerationStats:
         d = asdict(self)
         d["tokens_per_second"] = self.tokens_per_second
         d["total_generated"] = self.total_generated
+        d["tau"] = self.tau
+        d["hit_rate"] = self.hit_rate
         return d
 
 
@@ -162,7 +192,183 @@ def generate_ar(
     return GenerationOutput(out.tokens, stats)
 
 
-MODES = ("ar",)
+@dataclass
+class RoundInfo:
+    """What happened to one sequence in one verification round (for --explain and tests)."""
+
+    round: int
+    seq: int
+    draft: list[int]
+    accepted: int
+    bonus: int
+    committed: list[int]
+    successor_used: bool  # async: this round's draft came from the previous round's successor
+    fallback: bool  # async: the successor drafted during this round is unusable
+    sync_draft_seconds: float
+    verify_span: tuple[float, float]  # (start, end) seconds since generation start
+    draft_span: tuple[float, float] | None  # async: the concurrent successor pass
+
+
+class _Clock:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def _timed(clock: _Clock, fn):
+    start = clock.now()
+    result = fn()
+    return result, (start, clock.now())
+
+
+@torch.inference_mode()
+def generate_speculative(
+    target: Transformer,
+    drafter: "Drafter",
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    mode: str = "sync",
+    block_size: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_ids: set[int] = frozenset(),
+    stream: StreamFn | None = None,
+    on_round: Callable[[RoundInfo], None] | None = None,
+    overlap: str = "thread",
+) -> GenerationOutput:
+    """Speculative decoding, synchronous (``mode="sync"``) or D3D asynchronous (``"async"``).
+
+    Invariants, per sequence: ``committed`` = prompt + output; the last committed token is the
+    *anchor*; the target cache holds every committed token but the anchor; the drafter cache
+    holds a prefix of the committed tokens (only clean tokens are ever kept).
+
+    A round: (1) if the sequence has no draft, draft synchronously: drafter pass over the
+    uncached committed tokens + the block ``[anchor, mask x (B-1)]``. (2) The target verifies
+    ``[anchor, d1..d(B-1)]`` in one forward; ``accept`` gives the accept length ``a`` and the
+    bonus; ``a + 1`` tokens are committed and the target cache is cropped to keep the accepted
+    ones. (3) async only, concurrently with (2): the drafter appends ``d1..d(B-1)`` (as if all
+    accepted) and drafts the block ``[mask x B]`` after them: a guess of the bonus and the next
+    B-1 drafts. If verification accepted everything and the bonus equals the guess, those drafts
+    are the next round's draft and no drafting sits on the critical path; otherwise the drafter
+    cache is cropped back to the accepted tokens and the next round drafts synchronously.
+
+    ``overlap``: how async runs (3) beside (2): ``"thread"`` (a second CPU thread; torch ops
+    release the GIL), ``"stream"`` (a second CUDA stream) or ``"none"`` (one after the other,
+    for measuring what the overlap buys).
+    """
+    B = block_size or drafter.block_size
+    if B < 2:
+        raise ValueError(f"block_size={B}: must be >= 2")
+    n = len(prompts)
+    dev = target.device
+    stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B)
+    out = _Output(n, max_new_tokens, stop_ids, stream)
+    longest = max(len(p) for p in prompts)
+    tcache = target.new_cache(n, longest + max_new_tokens + B + 1)
+    dcache = drafter.new_cache(n, longest + max_new_tokens + 2 * B + 2)
+    gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
+    clock = _Clock()
+    pool = ThreadPoolExecutor(max_workers=1) if mode == "async" and overlap == "thread" else None
+    side_stream = torch.cuda.Stream(dev) if mode == "async" and overlap == "stream" else None
+
+    layout = tcache.layout([len(p) for p in prompts])
+    ids = torch.tensor([t for p in prompts for t in p], device=dev)
+    logits = target(ids, layout, tcache, logits_index=layout.last_token_index())
+    first = sample_next(logits, temperature, generator=gen).tolist()
+    stats.target_forwards += 1
+    stats.prefill_seconds = clock.now()
+    committed = [list(p) for p in prompts]
+    for i, t in enumerate(first):
+        committed[i].append(t)
+        out.commit(i, [t])
+    drafts: list[list[int] | None] = [None] * n
+    from_successor = [False] * n
+
+    rnd = 0
+    while rows := out.active():
+        # (1) synchronous drafting where no successor draft is available
+        need = [i for i in rows if drafts[i] is None]
+        sync_seconds = 0.0
+        if need:
+            t = clock.now()
+            toks, _ = drafter.draft(dcache, need, [committed[i][dcache.lengths[i]:-1] for i in need],
+                                    [committed[i][-1] for i in need], B - 1)
+            for i, d in zip(need, toks.tolist()):
+                drafts[i] = d
+            stats.drafter_forwards += drafter.dcfg.denoise_steps
+            sync_seconds = clock.now() - t
+            stats.draft_seconds += sync_seconds
+
+        # (2) verification, with (3) the successor pass beside it in async mode
+        base = [len(committed[i]) - 1 for i in rows]
+        draft_t = torch.tensor([drafts[i] for i in rows], device=dev)
+
+        def verify():
+            vlayout = tcache.layout([B] * len(rows), rows)
+            vids = torch.tensor([[committed[i][-1]] + drafts[i] for i in rows], device=dev).flatten()
+            logits = target(vids, vlayout, tcache).view(len(rows), B, -1)
+            return accept(draft_t, logits, temperature=temperature, seed=seed * 1_000_003 + rnd)
+
+        def successor():
+            clean = [committed[i][dcache.lengths[i]:] + drafts[i] for i in rows]
+            return drafter.draft(dcache, rows, clean, None, B)[0].tolist()
+
+        draft_span = None
+        if mode == "async":
+            if pool is not None:
+                future = pool.submit(lambda: _timed(clock, successor))
+                result, verify_span = _timed(clock, verify)
+                guesses, draft_span = future.result()
+            elif side_stream is not None:
+                side_stream.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side_stream):
+                    guesses, draft_span = _timed(clock, successor)
+                result, verify_span = _timed(clock, verify)
+                torch.cuda.current_stream(dev).wait_stream(side_stream)
+            else:
+                result, verify_span = _timed(clock, verify)
+                guesses, draft_span = _timed(clock, successor)
+            stats.drafter_forwards += drafter.dcfg.denoise_steps
+            stats.hidden_draft_seconds += draft_span[1] - draft_span[0]
+        else:
+            result, verify_span = _timed(clock, verify)
+        stats.target_forwards += 1
+        stats.verify_seconds += verify_span[1] - verify_span[0]
+
+        accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
+        for j, i in enumerate(rows):
+            a = accepted[j]
+            new = drafts[i][:a] + [bonus[j]]
+            stats.rounds += 1
+            stats.accept_hist[a] += 1
+            tcache.crop(i, base[j] + 1 + a)
+            hit = False
+            if mode == "async":
+                hit = a == B - 1 and guesses[j][0] == bonus[j]
+                if not hit:
+                    dcache.crop(i, min(dcache.lengths[i], base[j] + 1 + a))
+                stats.successor_hits += hit
+                stats.fallbacks += not hit
+            if on_round:
+                on_round(RoundInfo(rnd, i, list(drafts[i]), a, bonus[j], new, from_successor[i],
+                                   mode == "async" and not hit, sync_seconds if i in need else 0.0,
+                                   verify_span, draft_span))
+            committed[i].extend(new)
+            out.commit(i, new)
+            drafts[i] = guesses[j][1:] if hit else None
+            from_successor[i] = hit
+        rnd += 1
+    if pool is not None:
+        pool.shutdown()
+    stats.decode_seconds = clock.now() - stats.prefill_seconds
+    stats.num_generated = [len(t) for t in out.tokens]
+    stats.stopped = out.stopped
+    return GenerationOutput(out.tokens, stats)
+
+
+MODES = ("ar", "sync", "async")
 
 
 def generate(
@@ -176,19 +382,43 @@ def generate(
     stop_ids: Sequence[int] | None = None,
     stream: StreamFn | None = None,
     mode: str = "ar",
+    drafter: "Drafter | None" = None,
+    block_size: int | None = None,
+    on_round: Callable[[RoundInfo], None] | None = None,
+    overlap: str | None = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
     prompt_ids: list of ints, list of lists (a batch, lengths may differ), or a 1-D/2-D tensor.
+    mode: ``"ar"`` (default), ``"sync"`` or ``"async"`` (both need ``drafter``).
     stop_ids: tokens that end a sequence (default: the model config's eos ids). The stop token is
         the last token of the output.
     stream: called as ``stream(sequence_index, new_token_ids)`` whenever tokens are committed.
+    top_k/top_p apply to ``ar`` only (speculative modes sample from the full distribution at T).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: expected one of {MODES}")
     check_sampling_args(temperature, top_k, top_p)
     prompts = normalize_prompts(prompt_ids, model.cfg.vocab_size)
-    check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
     stops = set(model.cfg.eos_token_ids if stop_ids is None else stop_ids)
-    return generate_ar(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stops, stream)
+    if mode == "ar":
+        check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
+        return generate_ar(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stops, stream)
+    if drafter is None:
+        raise ValueError(f"mode={mode!r} needs a drafter (see d3d.load_drafter)")
+    if drafter.cfg.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}")
+    if (top_k is not None or top_p is not None) and temperature > 0:
+        raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
+    B = block_size or drafter.block_size
+    if not isinstance(B, int) or B < 2:
+        raise ValueError(f"block_size={B!r}: must be an integer >= 2")
+    check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
+                 extra=2 * B + 2)
+    if overlap is None:
+        overlap = "stream" if model.device.type == "cuda" else "thread"
+    if overlap not in ("thread", "stream", "none"):
+        raise ValueError(f"overlap={overlap!r}: expected 'thread', 'stream' or 'none'")
+    return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops,
+                                stream, on_round, overlap)

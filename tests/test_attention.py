@@ -214,12 +214,6 @@ def _bad(**changes):
 BAD_INPUTS = {
     "q_not_3d": (_bad(q=lambda a: a["q"][0]), "q must be"),
     "q_int": (_bad(q=lambda a: a["q"].int()), "q dtype"),
-    "head_dim_not_pow2": (_bad(q=lambda a: a["q"][..., :12], k=lambda a: a["k"][..., :12],
-                               v=lambda a: a["v"][..., :12], k_cache=lambda a: a["k_cache"][..., :12],
-                               v_cache=lambda a: a["v_cache"][..., :12]), "head_dim 12"),
-    "head_dim_too_small": (_bad(q=lambda a: a["q"][..., :8], k=lambda a: a["k"][..., :8],
-                                v=lambda a: a["v"][..., :8], k_cache=lambda a: a["k_cache"][..., :8],
-                                v_cache=lambda a: a["v_cache"][..., :8]), "head_dim 8"),
     "v_missing": (_bad(v=lambda a: None), "k and v"),
     "v_cache_missing": (_bad(v_cache=lambda a: None), "k_cache and v_cache"),
     "nothing_to_attend": (_bad(k=lambda a: None, v=lambda a: None, k_cache=lambda a: None,
@@ -263,6 +257,33 @@ def test_bad_inputs(backend, case):
     args = mutate(args)
     with pytest.raises(ValueError, match=message):
         packed_attention(**args)
+
+
+TRITON_ONLY_BAD_INPUTS = {
+    "head_dim_not_pow2": (_bad(q=lambda a: a["q"][..., :12], k=lambda a: a["k"][..., :12],
+                               v=lambda a: a["v"][..., :12], k_cache=lambda a: a["k_cache"][..., :12],
+                               v_cache=lambda a: a["v_cache"][..., :12]), "head_dim 12"),
+    "head_dim_too_small": (_bad(q=lambda a: a["q"][..., :8], k=lambda a: a["k"][..., :8],
+                                v=lambda a: a["v"][..., :8], k_cache=lambda a: a["k_cache"][..., :8],
+                                v_cache=lambda a: a["v_cache"][..., :8]), "head_dim 8"),
+}
+
+
+@pytest.mark.parametrize("case", list(TRITON_ONLY_BAD_INPUTS))
+def test_head_dim_limits(backend, case):
+    """The Triton kernel needs a power-of-two head_dim in [16, 256]; the torch path takes any."""
+    args, ref = make_case(MIXED, H=4, Hkv=2, D=16)
+    mutate, message = TRITON_ONLY_BAD_INPUTS[case]
+    args = mutate(args)
+    if backend == "triton":
+        with pytest.raises(ValueError, match=message):
+            packed_attention(**args)
+    else:
+        D = args["q"].shape[-1]
+        expected = packed_attention_reference(**{k: args[k] for k in (
+            "q", "k", "v", "k_cache", "v_cache", "cu_seqlens", "cache_lens", "group_ids", "cache_rows")})
+        assert_close(packed_attention(**args), expected, torch.float32)
+        assert D in (8, 12)
 
 
 def test_cache_overflow_counts_new_tokens_in_cache(backend):

@@ -126,7 +126,7 @@ def bd3_training_mask(L: int, block_size: int, *, device=None) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out):
+def _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out, triton_path=False):
     """Shape / dtype / device checks; no device sync. Returns (N, Hkv)."""
 
     def fail(msg):
@@ -137,8 +137,9 @@ def _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, ca
     T, H, D = q.shape
     if q.dtype not in _FLOAT_DTYPES:
         fail(f"q dtype {q.dtype} not supported (float32, float16, bfloat16)")
-    if D < 16 or D > 256 or D & (D - 1):
-        fail(f"head_dim {D} (q.shape[-1]) must be a power of two in [16, 256]")
+    if triton_path and (D < 16 or D > 256 or D & (D - 1)):
+        # tl.arange needs a power of two; the torch path takes any head_dim
+        fail(f"head_dim {D} (q.shape[-1]) must be a power of two in [16, 256] for the Triton kernel")
 
     def same_place(name, t):
         if t.dtype != q.dtype:
@@ -482,7 +483,8 @@ def packed_attention_triton(
     run only with ``D3D_CHECKS=1``). Without ``max_seqlen`` it is computed from cu_seqlens:
     one sync. ``block_m``/``block_n`` override the tile sizes (tests, studies).
     """
-    N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out)
+    N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out,
+                         triton_path=True)
     if not q.is_cuda or _debug_checks():
         cu = cu_seqlens.tolist()
         rows = cache_rows.tolist() if cache_rows is not None else None

@@ -1,0 +1,218 @@
+"""The D3D drafter: a block-diffusion language model that conditions on tokens only.
+
+It is an ordinary ``Transformer`` (Qwen3 architecture) with its own KV cache, run in the
+*block-causal* layout: a causal run of clean tokens, then one bidirectional block in which some
+positions hold ``mask_token_id``. One pass predicts every masked position at once; with
+``denoise_steps = S > 1`` the block is re-run S times, each step committing the most confident
+positions (``d3d.kernels.denoise.denoise_step``: threshold or top-k rule).
+
+Two block shapes are used, and the drafter is trained on both (``d3d.train.drafter``):
+
+    anchored   [anchor, mask x (B-1)]   synchronous drafting: the anchor (last committed token)
+                                         is known, the B-1 tokens after it are drafted
+    all-mask   [mask x B]               asynchronous drafting: the successor block is drafted
+                                         while the target still verifies, so even the token at
+                                         the block's first position (the bonus) is a guess
+
+The cache only ever keeps *clean* tokens: after a pass the block is cropped away.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .cache import KVCache
+from .checkpoint import DTYPES, name_map, parse_dtype, read_tensors, save_model
+from .config import ModelConfig
+from .kernels.denoise import denoise_step
+from .model import Transformer
+
+RULES = ("threshold", "topk", "all")
+
+
+@dataclass
+class DrafterConfig:
+    """The ``"d3d"`` section of a drafter's ``config.json``."""
+
+    block_size: int = 16
+    mask_token_id: int = 0
+    target_vocab: int = 0
+    denoise_steps: int = 1
+    shared_embeddings: bool = False  # embedding and LM head are the target's (not in the file)
+    rule: str = "threshold"  # how multi-step denoising picks positions to commit
+    threshold: float = 0.9
+
+    def __post_init__(self):
+        if self.block_size < 2:
+            raise ValueError(f"block_size={self.block_size}: must be >= 2")
+        if self.denoise_steps < 1:
+            raise ValueError(f"denoise_steps={self.denoise_steps}: must be >= 1")
+        if self.rule not in RULES:
+            raise ValueError(f"rule={self.rule!r}: expected one of {RULES}")
+        if not 0 <= self.threshold <= 1:
+            raise ValueError(f"threshold={self.threshold}: must be in [0, 1]")
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig, source: str = "config.json") -> "DrafterConfig":
+        section = cfg.extra.get("d3d")
+        if not isinstance(section, dict):
+            raise ValueError(f"{source}: not a drafter config (no 'd3d' section)")
+        unknown = set(section) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{source}: unknown field(s) in the 'd3d' section: {sorted(unknown)}")
+        for key in ("mask_token_id", "target_vocab"):
+            if key not in section:
+                raise ValueError(f"{source}: the 'd3d' section needs {key!r}")
+        try:
+            dcfg = cls(**section)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: 'd3d' section: {e}") from None
+        if not 0 <= dcfg.mask_token_id < cfg.vocab_size:
+            raise ValueError(f"{source}: mask_token_id={dcfg.mask_token_id} outside the vocabulary ({cfg.vocab_size})")
+        return dcfg
+
+
+class Drafter:
+    """A drafter model plus its drafting procedure. ``model`` is a plain ``Transformer``."""
+
+    def __init__(self, model: Transformer, dcfg: DrafterConfig):
+        self.model, self.dcfg = model, dcfg
+        self.cfg = model.cfg
+
+    @property
+    def block_size(self) -> int:
+        return self.dcfg.block_size
+
+    def new_cache(self, rows: int, max_len: int) -> KVCache:
+        return self.model.new_cache(rows, max_len)
+
+    def num_parameters(self, include_shared: bool = False) -> int:
+        shared = self.dcfg.shared_embeddings and not include_shared
+        return self.cfg.num_parameters(include_embeddings=not shared)
+
+    @torch.inference_mode()
+    def draft(
+        self,
+        cache: KVCache,
+        rows: list[int],
+        clean: list[list[int]],
+        anchors: list[int] | None,
+        num_masks: int,
+        temperature: float = 0.0,
+        seed: int = 0,
+        steps: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft ``num_masks`` tokens for each sequence in one packed pass (or ``steps`` passes).
+
+        For sequence i (cache row ``rows[i]``) the pass appends ``clean[i]`` as a causal run
+        (kept in the cache), then the block ``[anchors[i]] + [mask] * num_masks`` (or only masks
+        when ``anchors`` is None), which is cropped away afterwards.
+        Returns ``(tokens [N, num_masks] int64, confidence [N, num_masks] float32)``.
+        """
+        steps = self.dcfg.denoise_steps if steps is None else steps
+        n, dev = len(rows), self.model.device
+        lead = 0 if anchors is None else 1
+        blk = lead + num_masks
+        mask_id = self.dcfg.mask_token_id
+        block = torch.full((n, blk), mask_id, dtype=torch.long, device=dev)
+        if anchors is not None:
+            block[:, 0] = torch.tensor(anchors, device=dev)
+        masked = torch.ones(n, blk, dtype=torch.bool, device=dev)
+        masked[:, :lead] = False
+        confidence = torch.zeros(n, blk, dtype=torch.float32, device=dev)
+        clean_end = [cache.lengths[r] + len(c) for r, c in zip(rows, clean)]
+
+        # Pass 1: clean runs + blocks. Later passes: the blocks only (clean part is cached).
+        lens = [len(c) + blk for c in clean]
+        groups = [list(range(len(c))) + [len(c)] * blk for c in clean]
+        layout = cache.layout(lens, rows, groups)
+        ids = torch.cat([torch.tensor(c + [0] * blk, dtype=torch.long, device=dev) for c in clean])
+        block_index = torch.cat([torch.arange(s + len(c), s + len(c) + blk, device=dev)
+                                 for s, c in zip(layout.cu_seqlens[:-1].tolist(), clean)])
+        for step in range(steps):
+            ids[block_index] = block.flatten()
+            logits = self.model(ids, layout, cache, logits_index=block_index).view(n, blk, -1)
+            for r, end in zip(rows, clean_end):
+                cache.crop(r, end)
+            last = step == steps - 1
+            remaining = int(masked.sum(dim=1).max())
+            rule, k = ("all", 1) if last else (self.dcfg.rule, max(1, math.ceil(remaining / (steps - step))))
+            denoise_step(logits, block, masked, temperature=temperature, seed=seed * 1009 + step,
+                         rule=rule, threshold=self.dcfg.threshold, k=k, confidence=confidence)
+            if not bool(masked.any()):
+                break
+            if step == 0:  # from now on only the blocks are re-run, on top of the cached clean runs
+                layout = cache.layout([blk] * n, rows, [[0] * blk] * n)
+                ids = block.flatten().clone()
+                block_index = torch.arange(n * blk, device=dev)
+        return block[:, lead:], confidence[:, lead:]
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def drafter_model_config(target: ModelConfig, num_layers: int, dcfg: DrafterConfig) -> ModelConfig:
+    """Default drafter shape: the target's width and head layout with fewer layers."""
+    return target.replace(num_hidden_layers=num_layers, extra={"d3d": asdict(dcfg)})
+
+
+def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None, device=None) -> Drafter:
+    """Load a drafter directory (HF-style ``config.json`` with a ``d3d`` section + safetensors).
+
+    With ``shared_embeddings`` the file holds no embedding/LM head: they are the ``target``'s
+    (which is then required). The drafter's vocabulary must match the target's.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: not a directory (expected a drafter checkpoint directory)")
+    cfg = ModelConfig.load(path)
+    source = str(path / "config.json")
+    dcfg = DrafterConfig.from_model_config(cfg, source)
+    if target is not None:
+        if dcfg.target_vocab != target.cfg.vocab_size or cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(
+                f"{source}: drafter vocabulary ({cfg.vocab_size}, target_vocab={dcfg.target_vocab}) does not "
+                f"match the target's vocab_size={target.cfg.vocab_size}")
+        if dcfg.shared_embeddings and (cfg.hidden_size != target.cfg.hidden_size):
+            raise ValueError(f"{source}: shared embeddings need the target's hidden_size "
+                             f"{target.cfg.hidden_size}, drafter has {cfg.hidden_size}")
+    elif dcfg.shared_embeddings:
+        raise ValueError(f"{source}: this drafter shares the target's embeddings; pass target=")
+    device = torch.device(device) if device is not None else (target.device if target is not None else torch.device("cpu"))
+    dtype = parse_dtype(dtype) or (target.dtype if target is not None else torch.float32)
+    nmap = name_map(cfg)
+    if dcfg.shared_embeddings:
+        nmap = {k: v for k, v in nmap.items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+    wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
+    tensors = read_tensors(path, wanted)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state = {ours: torch.cat([tensors[hf] for hf, _ in parts]).to(device, dtype) for ours, parts in nmap.items()}
+    if dcfg.shared_embeddings:
+        model.embed_tokens = target.embed_tokens
+        model.lm_head = target.lm_head if not cfg.tie_word_embeddings else None
+        if cfg.tie_word_embeddings != target.cfg.tie_word_embeddings:
+            raise ValueError(f"{source}: tie_word_embeddings must match the target's when sharing embeddings")
+    model.load_state_dict(state, strict=False, assign=True)
+    leftover = [n for n, p in model.named_parameters() if p.is_meta]
+    if leftover:
+        raise ValueError(f"{source}: parameters not loaded: {leftover[:5]}")
+    return Drafter(model.eval().requires_grad_(False), dcfg)
+
+
+def save_drafter(drafter: Drafter, path: str | Path, dtype=None) -> None:
+    """Write a drafter directory; shared embeddings are left out of the file."""
+    path = Path(path)
+    save_model(drafter.model, path, dtype=dtype,
+               exclude=("model.embed_tokens.weight", "lm_head.weight") if drafter.dcfg.shared_embeddings else ())
+    raw = json.loads((path / "config.json").read_text())
+    raw["d3d"] = asdict(drafter.dcfg)
+    (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+
+
+__all__ = ["Drafter", "DrafterConfig", "load_drafter", "save_drafter", "drafter_model_config", "DTYPES"]

@@ -1,0 +1,297 @@
+"""Training the D3D drafter (``python -m d3d train-drafter``).
+
+1. Data: the *target's own* greedy continuations of prompts drawn from the training split of the
+   corpus, so the drafter learns what the target will say (cached on disk).
+2. Objective (BD3-LM, vectorised): the input is ``x_t ⊕ x_0`` (a noised copy of the sequence,
+   then the clean copy), both halves at the same positions, under the mask of
+   ``training_mask``. Each block of B tokens of ``x_t`` is noised in one of three ways:
+     all-mask   every position masked (what async drafting sees: even the bonus is unknown),
+     anchored   position 0 clean, the rest masked (synchronous drafting after the anchor),
+     partial    a random subset masked (what later steps of multi-step denoising see).
+   The loss is cross-entropy on masked positions, weighted ``exp(-(k-1)/γ)`` for the k-th
+   position after the block start (or after the anchor): early positions matter most, because
+   a draft is accepted only up to its first mistake.
+3. Evaluation: acceptance length τ against the real target on held-out prompts (greedy, the
+   sync engine), not only loss — a leaky mask gives a low loss and a useless drafter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..checkpoint import load_model
+from ..drafter import Drafter, DrafterConfig, drafter_model_config, save_drafter
+from ..engines import generate
+from ..kernels.attention import bd3_training_mask
+from ..model import Transformer
+from ..tokenizer import Tokenizer
+from .common import (Progress, batch_generator, cosine_lr, load_training_state, make_optimizer,
+                     save_training_state)
+from .corpus import find_corpus, read_texts
+
+BLOCK_KINDS = ("all-mask", "anchored", "partial")
+
+
+def training_mask(L: int, block_size: int, clean: str = "causal", device=None) -> torch.Tensor:
+    """Bool ``[2L, 2L]`` mask over ``x_t ⊕ x_0`` (True = may attend).
+
+    ``clean="block"`` is BD3-LM's mask exactly (DESIGN.md §4): clean tokens see their own block
+    bidirectionally. ``clean="causal"`` (the default here) makes the clean half token-causal,
+    because at inference the drafter caches committed tokens one by one, causally; noisy blocks
+    see every clean token of earlier blocks and their own block, in both variants.
+    """
+    mask = bd3_training_mask(L, block_size, device=device)
+    if clean == "causal":
+        mask[L:, L:] = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    elif clean != "block":
+        raise ValueError(f"clean={clean!r}: expected 'causal' or 'block'")
+    return mask
+
+
+def noise_blocks(x0: torch.Tensor, block_size: int, mask_id: int, mix: tuple[float, float, float],
+                 gamma: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise ``x0`` [batch, L] block by block. Returns ``(x_t, weight)``: weight [batch, L] is the
+    loss weight of each position (0 where not masked)."""
+    b, L = x0.shape
+    nb = L // block_size
+    kinds = torch.multinomial(torch.tensor(mix, dtype=torch.float), b * nb, replacement=True, generator=gen).view(b, nb, 1)
+    j = torch.arange(block_size).view(1, 1, -1)  # position inside the block
+    rate = torch.rand(b, nb, 1, generator=gen)
+    partial = torch.rand(b, nb, block_size, generator=gen) < rate
+    partial[..., 0] |= ~partial.any(-1)  # at least one masked position
+    masked = torch.where(kinds == 0, torch.ones_like(partial),
+                         torch.where(kinds == 1, (j > 0).expand_as(partial), partial))
+    k = torch.where(kinds == 1, j, j + 1).float()  # k-th position after the block start / anchor
+    weight = torch.exp(-(k - 1) / gamma) * masked
+    xt = torch.where(masked.view(b, L), torch.full_like(x0, mask_id), x0)
+    return xt, weight.view(b, L)
+
+
+def bd3_loss(model: Transformer, x0: torch.Tensor, loss_mask: torch.Tensor, attn_mask: torch.Tensor,
+             block_size: int, mask_id: int, mix, gamma: float, gen: torch.Generator) -> torch.Tensor:
+    """Weighted cross-entropy on the masked positions of ``x_t`` (see the module docstring)."""
+    b, L = x0.shape
+    xt, weight = noise_blocks(x0, block_size, mask_id, mix, gamma, gen)
+    weight = weight * loss_mask
+    positions = torch.arange(L).repeat(2)
+    sel = weight.flatten().nonzero().squeeze(1)
+    rows = sel // L * (2 * L) + sel % L  # index of each selected x_t position in the [b, 2L] input
+    logits = model(torch.cat([xt, x0], dim=1), attn_mask=attn_mask, positions=positions,
+                   logits_index=rows)
+    ce = F.cross_entropy(logits.float(), x0.flatten()[sel], reduction="none")
+    w = weight.flatten()[sel]
+    return (ce * w).sum() / w.sum()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@torch.no_grad()
+def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | None, heldout_fraction: float,
+                       n_sequences: int, prompt_len: int, gen_len: int, seed: int, cache_dir: Path,
+                       batch: int = 32, log=print) -> torch.Tensor:
+    """``[n_sequences, prompt_len + gen_len]``: corpus prompts + the target's greedy continuation."""
+    corpus = find_corpus(corpus_root, heldout_fraction)
+    key = hashlib.sha256(json.dumps([str(corpus.root), len(corpus.train), n_sequences, prompt_len, gen_len, seed,
+                                     target.cfg.to_hf()], sort_keys=True).encode()
+                         + target.embed_tokens.weight[:4].numpy().tobytes()).hexdigest()[:16]
+    path = cache_dir / f"drafter-data-{key}.pt"
+    if path.is_file():
+        log(f"using cached target continuations {path}")
+        return torch.load(path)
+    eot = tok.token_id("<|endoftext|>")
+    stream = []
+    for enc in tok._tok.encode_batch(read_texts(corpus.train), add_special_tokens=False):
+        stream.extend(enc.ids + [eot])
+    stream = torch.tensor(stream)
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, stream.numel() - prompt_len, (n_sequences,), generator=gen)
+    prompts = torch.stack([stream[s: s + prompt_len] for s in starts.tolist()])
+    rows, t0 = [], time.perf_counter()
+    for i in range(0, n_sequences, batch):
+        p = prompts[i: i + batch]
+        out = generate(target, p.tolist(), max_new_tokens=gen_len, stop_ids=[])
+        rows.append(torch.cat([p, torch.tensor(out.tokens)], dim=1))
+        done = min(i + batch, n_sequences)
+        el = time.perf_counter() - t0
+        log(f"target continuations: {done}/{n_sequences} ({done * gen_len / el:.0f} tok/s, eta {el / done * (n_sequences - done):.0f} s)")
+    data = torch.cat(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path)
+    return data
+
+
+def heldout_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, prompt_len: int,
+                    seed: int = 1234) -> list[list[int]]:
+    """``n`` prompts of ``prompt_len`` tokens from held-out files (never trained on)."""
+    corpus = find_corpus(corpus_root, heldout_fraction)
+    texts = read_texts(corpus.heldout)
+    gen = torch.Generator().manual_seed(seed)
+    encoded = [ids for ids in (e.ids for e in tok._tok.encode_batch(texts, add_special_tokens=False))
+               if len(ids) > prompt_len + 1]
+    if not encoded:
+        raise ValueError(f"no held-out file in {corpus.root} is longer than {prompt_len} tokens")
+    prompts = []
+    for _ in range(n):
+        ids = encoded[int(torch.randint(len(encoded), (1,), generator=gen))]
+        s = int(torch.randint(0, len(ids) - prompt_len, (1,), generator=gen))
+        prompts.append(ids[s: s + prompt_len])
+    return prompts
+
+
+def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int,
+                block_size: int | None = None, batch: int = 8) -> dict:
+    """Greedy sync speculative decoding over ``prompts``: τ and the acceptance histogram."""
+    hist, rounds = None, 0
+    for i in range(0, len(prompts), batch):
+        out = generate(target, prompts[i: i + batch], max_new_tokens=max_new_tokens, mode="sync",
+                       drafter=drafter, block_size=block_size, stop_ids=[])
+        hist = out.stats.accept_hist if hist is None else [a + b for a, b in zip(hist, out.stats.accept_hist)]
+        rounds += out.stats.rounds
+    tau = sum((a + 1) * c for a, c in enumerate(hist)) / rounds
+    return {"tau": tau, "rounds": rounds, "accept_hist": hist}
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass
+class DrafterTrainConfig:
+    target: str
+    out: str
+    corpus: str | None = None
+    heldout_fraction: float = 0.05  # must match the target's split
+    num_layers: int = 3
+    block_size: int = 16
+    shared_embeddings: bool = True
+    init_from_target: bool = True
+    n_sequences: int = 4096
+    prompt_len: int = 32
+    gen_len: int = 224
+    batch_size: int = 8
+    steps: int = 1000
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    gamma: float = 7.0
+    mix: tuple[float, float, float] = (0.45, 0.45, 0.10)  # all-mask, anchored, partial
+    clean_mask: str = "causal"
+    eval_every: int = 200
+    eval_prompts: int = 8
+    eval_new_tokens: int = 64
+    log_every: int = 10
+    save_every: int = 100
+    seed: int = 0
+    stop_after: int | None = None
+
+
+def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig) -> Drafter:
+    mask_id = tok.token_id("<|mask|>")
+    if mask_id is None:
+        raise ValueError(f"{tok.source}: the tokenizer has no <|mask|> token (needed as the drafter's mask)")
+    dcfg = DrafterConfig(block_size=cfg.block_size, mask_token_id=mask_id, target_vocab=target.cfg.vocab_size,
+                         shared_embeddings=cfg.shared_embeddings)
+    if not 1 <= cfg.num_layers:
+        raise ValueError(f"--num-layers={cfg.num_layers}: must be >= 1")
+    model = Transformer(drafter_model_config(target.cfg, cfg.num_layers, dcfg))
+    src = model.state_dict()
+    if cfg.init_from_target:
+        # Evenly spaced target layers (first and last included): a representation-compatible start.
+        L = target.cfg.num_hidden_layers
+        picks = [round(i * (L - 1) / max(1, cfg.num_layers - 1)) for i in range(cfg.num_layers)]
+        for i, j in enumerate(picks):
+            model.layers[i].load_state_dict(target.layers[j].state_dict())
+        model.norm.load_state_dict(target.norm.state_dict())
+    else:
+        gen = torch.Generator().manual_seed(cfg.seed)
+        for name, p in src.items():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    model.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
+    if model.lm_head is not None:
+        model.lm_head.weight.data.copy_(target.lm_head.weight.data)
+    if cfg.shared_embeddings:  # frozen and shared: the drafter file will not contain them
+        model.embed_tokens = target.embed_tokens
+        model.lm_head = target.lm_head
+    return Drafter(model, dcfg)
+
+
+def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> dict:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.block_size < 2 or cfg.gen_len % cfg.block_size or cfg.prompt_len % cfg.block_size:
+        raise ValueError(f"--prompt-len ({cfg.prompt_len}) and --gen-len ({cfg.gen_len}) must be multiples of "
+                         f"--block-size ({cfg.block_size}) >= 2")
+    target = load_model(cfg.target)
+    tok = Tokenizer.load(cfg.target)
+    data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
+                              cfg.gen_len, cfg.seed, out / "data", log=log)
+    L = data.shape[1]
+    loss_mask = (torch.arange(L) >= cfg.prompt_len).float()  # learn the target's continuations only
+    attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
+    drafter = build_drafter(target, tok, cfg)
+    model = drafter.model
+    model.train()
+    trainable = [p for n, p in model.named_parameters() if not (cfg.shared_embeddings and ("embed_tokens" in n or "lm_head" in n))]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in trainable:
+        p.requires_grad_(True)
+    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    state_path = out / "training_state.pt"
+    start, history = 0, []
+    if resume:
+        state = load_training_state(state_path)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, history = state["step"], state.get("history", [])
+        log(f"resumed from {state_path} at step {start}")
+    n_train = sum(p.numel() for p in trainable)
+    log(f"drafter: {cfg.num_layers} layers, {n_train / 1e6:.2f}M trainable parameters; "
+        f"{data.shape[0]} sequences of {L} tokens")
+    eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
+    progress = Progress(cfg.steps, start)
+    tokens_seen, losses, t_start = 0, [], time.perf_counter()
+    for step in range(start, cfg.steps):
+        gen = batch_generator(cfg.seed, step)
+        idx = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
+        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = bd3_loss(model, data[idx], loss_mask, attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
+                        cfg.mix, cfg.gamma, gen)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        tokens_seen += cfg.batch_size * L
+        last = step + 1 == cfg.steps or (cfg.stop_after is not None and len(losses) >= cfg.stop_after)
+        if (step + 1) % cfg.log_every == 0 or last:
+            progress.report(step, tokens_seen, loss=losses[-1], lr=lr)
+        if (step + 1) % cfg.eval_every == 0 or last:
+            model.eval()
+            ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size)
+            model.train()
+            history.append({"step": step + 1, "loss": losses[-1], "tau": ev["tau"]})
+            log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {ev['tau']:.3f}")
+        if (step + 1) % cfg.save_every == 0 or last:
+            save_training_state(state_path, model, optimizer, step + 1, {"config": asdict(cfg), "history": history})
+        if last:
+            break
+    model.eval().requires_grad_(False)
+    save_drafter(drafter, out)
+    summary = {"config": asdict(cfg), "trainable_parameters": n_train, "tokens_seen_this_run": tokens_seen,
+               "train_seconds_this_run": time.perf_counter() - t_start, "losses_this_run": losses,
+               "history": history}
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
