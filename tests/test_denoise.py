@@ -121,6 +121,19 @@ def test_gumbel_noise_has_gumbel_moments_and_tail():
         assert abs(got - want) < 5 * math.sqrt(want / g.numel()) + 1e-6
 
 
+def test_gumbel_argmax_pruning_is_exact():
+    """Drawing noise only near the row maximum gives exactly the dense Gumbel-max."""
+    g = torch.Generator().manual_seed(1)
+    V = 5000
+    z = torch.randn(6, V, generator=g) * 2
+    z[:, 100:300] += 30.0  # peaked rows: only ~200 candidates each
+    z[5] = 0.0  # a flat row (dense branch of a single row is not taken: the batch decides)
+    rows = dn.row_keys_torch(3, torch.arange(6), torch.tensor(0))
+    dense = dn.gumbel_torch(rows, V).add_(z).argmax(-1)
+    assert torch.equal(dn.gumbel_argmax_torch(z, rows), dense)
+    assert torch.equal(dn.gumbel_argmax_torch(z[:5], rows[:5]), dense[:5])
+
+
 # ------------------------------------------------------------------------------------------------
 # Torch path semantics
 # ------------------------------------------------------------------------------------------------
@@ -254,11 +267,14 @@ def test_kernel_ties_go_to_lowest_index_and_position(monkeypatch, rule):
     assert torch.equal(c0, c1) or torch.allclose(c0, c1, rtol=1e-6)
 
 
-@pytest.mark.parametrize("T", [0.7, 1.5])
-def test_kernel_matches_torch_sampled(monkeypatch, T):
+@pytest.mark.parametrize("T,peaked", [(0.7, False), (1.5, False), (1.0, True)])
+def test_kernel_matches_torch_sampled(monkeypatch, T, peaked):
     """Both paths draw the same Gumbel noise, so they sample the same tokens; ``log`` may differ
-    by an ulp between libraries, which can flip a near-tie, hence >= 99% rather than all."""
+    by an ulp between libraries, which can flip a near-tie, hence >= 99% rather than all.
+    ``peaked`` logits make the torch path draw noise only near each row's maximum."""
     logits, tokens, masked = _random_case(8, 8, 3000, seed=11, p_masked=1.0)
+    if peaked:
+        logits[..., 1000:1100] += 25.0
     (t0, m0, c0, k0), (t1, m1, c1, k1) = _compare(monkeypatch, logits, tokens, masked,
                                                   temperature=T, seed=77, rule="all")
     assert (t0 == t1).float().mean() >= 0.99

@@ -55,6 +55,7 @@ from .denoise import (
     STREAM_ACCEPT_UNIFORM,
     _block_v,
     f32,
+    gumbel_argmax_torch,
     gumbel_tl,
     gumbel_torch,
     row_key_tl,
@@ -223,7 +224,7 @@ def _accept_triton(draft, logits, q, stop, *, inv_t, keys, block_v=None) -> Acce
 
 def _sample_rows_torch(z: torch.Tensor, key: int, n: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     """Gumbel-max samples from ``softmax(z)`` for rows ``z[..., V]`` at stream rows (n, j)."""
-    return gumbel_torch(row_keys_torch(key, n, j), z.shape[-1]).add_(z).argmax(-1)
+    return gumbel_argmax_torch(z, row_keys_torch(key, n, j))
 
 
 def _softmax_stats_torch(z: torch.Tensor):
