@@ -55,6 +55,7 @@ from .denoise import (
     STREAM_ACCEPT_UNIFORM,
     _block_v,
     f32,
+    fmix32_tl,
     gumbel_argmax_torch,
     gumbel_tl,
     gumbel_torch,
@@ -64,7 +65,6 @@ from .denoise import (
     stream_key,
     uniform_torch,
     unit_tl,
-    fmix32_tl,
 )
 
 __all__ = ["AcceptResult", "accept", "accept_torch"]
@@ -110,10 +110,12 @@ def _residual_scan_tl(row_ptr, q_ptr, V, inv_t, m, s, row, BLOCK_V: tl.constexpr
         r = tl.maximum(tl.exp(z - m) / s - q, 0.0)
         score_r = tl.where(r > 0.0, tl.log(tl.where(r > 0.0, r, 1.0)) + g, float("-inf"))
         score_p = tl.where(ok, z + g, float("-inf"))
-        c_r = tl.max(score_r, axis=0)
-        c_p = tl.max(score_p, axis=0)
-        pick_r = tl.where(c_r > best_r, v0 + tl.argmax(score_r, axis=0, tie_break_left=True), pick_r)
-        pick_p = tl.where(c_p > best_p, v0 + tl.argmax(score_p, axis=0, tie_break_left=True), pick_p)
+        c_r, arg_r = tl.max(score_r, axis=0, return_indices=True,
+                            return_indices_tie_break_left=True)
+        c_p, arg_p = tl.max(score_p, axis=0, return_indices=True,
+                            return_indices_tie_break_left=True)
+        pick_r = tl.where(c_r > best_r, v0 + arg_r, pick_r)
+        pick_p = tl.where(c_p > best_p, v0 + arg_p, pick_p)
         best_r = tl.maximum(best_r, c_r)
         best_p = tl.maximum(best_p, c_p)
     return tl.where(best_r > float("-inf"), pick_r, pick_p)
@@ -290,8 +292,8 @@ def _accept_torch(draft, logits, q, stop, *, inv_t, keys) -> AcceptResult:
         g = gumbel_torch(row_keys_torch(key_residual, n, a), V)
         r = (torch.exp(z_a - m_a) / s_a - q_a).clamp(min=0.0)
         score_r = torch.where(r > 0, torch.log(r) + g, torch.full_like(r, float("-inf")))
-        best_r, pick_r = score_r.max(-1)  # max() returns the first index of the maximum too
-        residual = torch.where(best_r > float("-inf"), pick_r, g.add_(z_a).argmax(-1))
+        pick_r = score_r.argmax(-1)  # the first maximum: the lowest index wins a tie
+        residual = torch.where(score_r.amax(-1) > float("-inf"), pick_r, g.add_(z_a).argmax(-1))
         bonus = torch.where(a < B - 1, residual, full)
     else:
         bonus = full
