@@ -10,11 +10,16 @@ The public API::
 
 from .checkpoint import load_model, save_model
 from .config import ModelConfig
+from .drafter import Drafter, DrafterConfig, load_drafter, save_drafter
 from .engines import GenerationOutput, GenerationStats, generate
 from .model import Transformer
 from .tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
+    "Drafter",
+    "DrafterConfig",
+    "load_drafter",
+    "save_drafter",
     "GenerationOutput",
     "GenerationStats",
     "ModelConfig",

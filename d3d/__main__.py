@@ -10,9 +10,11 @@ from pathlib import Path
 DESCRIPTION = """d3d: diffusion-drafted speculative decoding (D3D) with a from-scratch Qwen3/Qwen2.
 
 commands:
-  generate   generate text from a prompt with a Qwen3/Qwen2 checkpoint directory
+  generate      generate text (default: bundled target + D3D drafter, async engine)
   init          write a randomly initialised checkpoint (for trying the pipeline without weights)
   train-target  train a BPE tokenizer and pretrain a small Qwen3 on Python source
+  train-drafter train a D3D block-diffusion drafter on the target's own continuations
+  prune         drop drafter layers (by index, or a greedy search by measured τ)
 """
 
 
@@ -39,12 +41,49 @@ def positive_int(s: str) -> int:
     return v
 
 
+class Explainer:
+    """``--explain``: one block per round — draft, accepted prefix, bonus, timing overlap."""
+
+    def __init__(self, tok, out=sys.stdout):
+        self.tok, self.out = tok, out
+        self.color = out.isatty()
+
+    def _paint(self, text: str, code: str, plain: str) -> str:
+        text = text.replace("\n", "\\n")
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else plain.format(text)
+
+    def __call__(self, info) -> None:
+        piece = lambda ids: self.tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+        a = info.accepted
+        accepted = self._paint(piece(info.draft[:a]), "32", "[{}]") if a else ""
+        rejected = self._paint(piece(info.draft[a:]), "31;9", "~{}~") if a < len(info.draft) else ""
+        bonus = self._paint(piece([info.bonus]), "1;33", "<{}>")
+        source = "successor drafted during the previous verification" if info.successor_used else (
+            f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
+        v0, v1 = info.verify_span
+        lines = [f"round {info.round}: accepted {a}/{len(info.draft)} + bonus ({source})",
+                 f"  {accepted}{rejected}  bonus {bonus}",
+                 f"  verify   {v0 * 1000:8.1f} .. {v1 * 1000:8.1f} ms"]
+        if info.draft_span:
+            d0, d1 = info.draft_span
+            overlap = max(0.0, min(v1, d1) - max(v0, d0))
+            lines.append(f"  drafting {d0 * 1000:8.1f} .. {d1 * 1000:8.1f} ms  (overlap with verify {overlap * 1000:.1f} ms)")
+            lines.append("  -> successor used next round" if not info.fallback else
+                         "  -> fallback: successor unusable (not all accepted, or bonus guess wrong); draft again")
+        print("\n".join(lines), file=self.out, flush=True)
+
+
 def cmd_generate(args) -> int:
     import d3d
+    from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
 
-    model_dir = Path(args.model)
+    model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
     tok = d3d.load_tokenizer(args.tokenizer or model_dir)
     model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device)
+    drafter = None
+    if args.mode != "ar":
+        drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
+        drafter = d3d.load_drafter(drafter_dir, target=model)
     if not args.prompt:
         raise SystemExit("error: --prompt is empty")
     if args.chat:
@@ -56,19 +95,29 @@ def cmd_generate(args) -> int:
     if max(ids) >= model.cfg.vocab_size:
         raise SystemExit(f"error: tokenizer {tok.source} produced id {max(ids)} >= model vocab_size {model.cfg.vocab_size}")
     stops = sorted(set(tok.stop_token_ids()) | set(model.cfg.eos_token_ids))
-    printer = None if args.json else StreamPrinter(tok)
+    printer = None if (args.json or args.explain) else StreamPrinter(tok)
     out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer)
+                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer,
+                       mode=args.mode, drafter=drafter, block_size=args.block_size,
+                       on_round=Explainer(tok) if args.explain else None, overlap=args.overlap)
     tokens = out.tokens[0]
+    s = out.stats
     if args.json:
         print(json.dumps({"text": tok.decode(tokens, skip_special_tokens=True), "token_ids": tokens,
-                          "num_prompt_tokens": len(ids), "stats": out.stats.to_dict()}))
+                          "num_prompt_tokens": len(ids), "mode": args.mode, "stats": s.to_dict()}))
+        return 0
+    if args.explain:
+        print("\n" + tok.decode(tokens, skip_special_tokens=True))
+    print(file=sys.stdout)
+    summary = f"[{s.mode}] {s.total_generated} tokens, {s.tokens_per_second:.1f} tok/s"
+    if s.mode != "ar":
+        summary += f", τ {s.tau:.2f}, {s.rounds} rounds (B={s.block_size})"
+        if s.mode == "async":
+            summary += f", successor hit rate {s.hit_rate:.0%}"
     else:
-        s = out.stats
-        print(file=sys.stdout)
-        print(f"[{s.mode}] {s.total_generated} tokens, {s.tokens_per_second:.1f} tok/s, "
-              f"prefill {s.prefill_seconds * 1000:.0f} ms, {s.target_forwards} target forwards"
-              + (", stopped on a stop token" if s.stopped[0] else ", reached --max-new-tokens"), file=sys.stderr)
+        summary += f", {s.target_forwards} target forwards"
+    summary += ", stopped on a stop token" if s.stopped[0] else ", reached --max-new-tokens"
+    print(summary, file=sys.stderr)
     return 0
 
 
@@ -113,6 +162,57 @@ def cmd_train_target(args) -> int:
     return 0
 
 
+def cmd_train_drafter(args) -> int:
+    import torch
+
+    from d3d.train.drafter import DrafterTrainConfig, train_drafter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fields = {k: v for k, v in vars(args).items() if k in DrafterTrainConfig.__dataclass_fields__ and v is not None}
+    fields["shared_embeddings"] = not args.own_embeddings
+    summary = train_drafter(DrafterTrainConfig(**fields), resume=args.resume,
+                            log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
+    return 0
+
+
+def cmd_prune(args) -> int:
+    import d3d
+    from d3d.prune import drop_layers, greedy_prune, layer_importance
+    from d3d.train.drafter import heldout_prompts, measure_tau
+
+    target = d3d.load_model(args.target)
+    tok = d3d.load_tokenizer(args.target)
+    drafter = d3d.load_drafter(args.drafter, target=target)
+    if not args.drop and not args.greedy:
+        raise SystemExit("error: pass --drop I [I ...] or --greedy N")
+    prompts = heldout_prompts(tok, args.corpus, args.heldout_fraction, args.prompts, args.prompt_len)
+
+    def measure(d):
+        return measure_tau(target, d, prompts, args.new_tokens)["tau"]
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    before = measure(drafter)
+    log(f"τ before: {before:.3f} ({drafter.cfg.num_hidden_layers} layers)")
+    report = {"tau_before": before, "layers_before": drafter.cfg.num_hidden_layers}
+    if args.table:
+        report["single_layer_removed"] = layer_importance(drafter, measure)
+        for row in report["single_layer_removed"]:
+            log(f"  without layer {row['dropped']}: τ {row['tau']:.3f} ({100 * row['tau'] / before:.1f}%)")
+    if args.drop:
+        pruned, removed = drop_layers(drafter, args.drop), sorted(args.drop)
+    else:
+        pruned, removed, report["greedy_trace"] = greedy_prune(drafter, args.greedy, measure, log)
+    after = measure(pruned)
+    report.update(removed=removed, tau_after=after, retention=after / before, layers_after=pruned.cfg.num_hidden_layers)
+    log(f"τ after removing layers {removed}: {after:.3f} ({100 * after / before:.1f}% retained)")
+    d3d.save_drafter(pruned, args.out)
+    (Path(args.out) / "prune_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m d3d", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,7 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt",
                        description="Generate a continuation (or a chat reply with --chat) and stream it to stdout. "
                                    "A one-line summary goes to stderr; --json prints one JSON object instead.")
-    g.add_argument("--model", required=True, help="checkpoint directory (config.json + *.safetensors)")
+    g.add_argument("--model", help="target checkpoint directory (default: the bundled models/target-12m)")
+    g.add_argument("--drafter", help="drafter directory for sync/async (default: the bundled models/d3d-drafter-12m)")
+    g.add_argument("--mode", choices=["ar", "sync", "async"], default="async",
+                   help="ar: one target forward per token; sync: draft then verify; async: D3D, the next block "
+                        "is drafted while the current one is verified (default)")
+    g.add_argument("--block-size", type=positive_int, default=None, help="tokens per round B (default: the drafter's, 16)")
+    g.add_argument("--explain", action="store_true",
+                   help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
+                        "timing overlap of drafting and verification")
+    g.add_argument("--overlap", choices=["thread", "stream", "none"], default=None,
+                   help="async: how drafting runs beside verification (default: stream on CUDA, thread on CPU)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")
@@ -167,6 +277,46 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("lr", "weight_decay", "grad_clip", "heldout_fraction"):
         t.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     t.set_defaults(fn=cmd_train_target)
+
+    from d3d.train.drafter import DrafterTrainConfig
+
+    dd = DrafterTrainConfig(target="", out="")
+    r = sub.add_parser("train-drafter", help="train a D3D block-diffusion drafter for a target",
+                       description="Generate training data with the target's own greedy continuations of corpus "
+                                   "prompts (cached under OUT/data), then train a block-diffusion drafter with the BD3 "
+                                   "objective (x_t ⊕ x_0), a mix of all-mask / anchored / partial blocks and the "
+                                   "exp(-(k-1)/γ) position weight. Evaluates held-out acceptance length τ as it goes.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("--target", required=True, help="target checkpoint directory (with tokenizer.json)")
+    r.add_argument("--out", required=True, help="output directory for the drafter")
+    r.add_argument("--corpus", help="directory of .py files (default: the standard library)")
+    r.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
+    r.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    r.add_argument("--own-embeddings", action="store_true",
+                   help="train the drafter's own embedding/LM head (default: share the target's, frozen)")
+    for name in ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "batch_size", "steps", "warmup",
+                 "eval_every", "eval_prompts", "eval_new_tokens", "log_every", "save_every", "seed"):
+        r.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(dd, name))
+    for name in ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"):
+        r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(dd, name))
+    r.set_defaults(fn=cmd_train_drafter)
+
+    pr = sub.add_parser("prune", help="remove drafter layers and report τ before/after",
+                        description="Drop drafter layers by index (--drop) or greedily by measured τ on held-out "
+                                    "prompts (--greedy N); writes a new drafter directory and prune_report.json.",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    pr.add_argument("--drafter", required=True, help="drafter directory")
+    pr.add_argument("--target", required=True, help="target directory (τ is measured against it)")
+    pr.add_argument("--out", required=True, help="output directory for the pruned drafter")
+    pr.add_argument("--drop", type=int, nargs="+", help="layer indices to remove")
+    pr.add_argument("--greedy", type=positive_int, help="remove this many layers, least harmful first")
+    pr.add_argument("--table", action="store_true", help="also report τ with each single layer removed")
+    pr.add_argument("--corpus", help="corpus root for held-out prompts (default: the standard library)")
+    pr.add_argument("--heldout-fraction", type=float, default=0.05)
+    pr.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts for τ")
+    pr.add_argument("--prompt-len", type=positive_int, default=32)
+    pr.add_argument("--new-tokens", type=positive_int, default=96)
+    pr.set_defaults(fn=cmd_prune)
     return p
 
 

