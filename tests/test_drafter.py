@@ -1,0 +1,174 @@
+"""The D3D drafter: training mask, train/inference consistency, multi-step drafting, files, pruning,
+and an end-to-end check that the training pipeline learns (high τ on a toy corpus)."""
+
+import json
+
+import pytest
+import torch
+
+import d3d
+import d3d.drafter as drafter_mod
+from d3d.drafter import Drafter, DrafterConfig, drafter_model_config, load_drafter, save_drafter
+from d3d.model import Transformer
+from d3d.prune import drop_layers
+from d3d.train.drafter import DrafterTrainConfig, training_mask, train_drafter
+from d3d.train.target import train_target
+
+from test_engines import random_drafter, tiny_target
+from test_train_target import tiny_config
+
+
+def hand_mask(L, B, clean):
+    """Loop-by-loop reference of the x_t ⊕ x_0 training mask."""
+    m = torch.zeros(2 * L, 2 * L, dtype=torch.bool)
+    for i in range(2 * L):
+        for j in range(2 * L):
+            qi_clean, kj_clean = i >= L, j >= L
+            bi, bj = (i % L) // B, (j % L) // B
+            if not qi_clean and not kj_clean:
+                m[i, j] = bi == bj
+            elif not qi_clean and kj_clean:
+                m[i, j] = bj < bi
+            elif qi_clean and kj_clean:
+                m[i, j] = (j <= i) if clean == "causal" else (bj <= bi)
+    return m
+
+
+@pytest.mark.parametrize("L,B", [(8, 4), (12, 4), (6, 2), (16, 16), (10, 5)])
+@pytest.mark.parametrize("clean", ["causal", "block"])
+def test_training_mask_matches_hand_reference(L, B, clean):
+    assert torch.equal(training_mask(L, B, clean), hand_mask(L, B, clean))
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_inference_pass_equals_training_forward(anchored):
+    """The drafter's cached block-causal pass sees exactly what the x_t block sees in training."""
+    target = tiny_target(seed=2)
+    drafter = random_drafter(target, block_size=4, seed=3)
+    B, L, mask_id = 4, 12, drafter.dcfg.mask_token_id
+    x0 = torch.randint(0, 40, (1, L))
+    xt = x0.clone()
+    xt[0, 8 + anchored:] = mask_id  # noisy third block: all-mask or anchored; earlier blocks irrelevant
+    logits = drafter.model(torch.cat([xt, x0], 1), attn_mask=training_mask(L, B), positions=torch.arange(L).repeat(2))
+    ref = logits[0, 8 + anchored: 12]
+    cache = drafter.new_cache(1, 32)
+    anchors = [int(x0[0, 8])] if anchored else None
+    clean = x0[0, :8].tolist()
+    draft_logits = {}
+    real = drafter_mod.denoise_step
+
+    def spy(logits, *a, **kw):
+        draft_logits["x"] = logits.clone()
+        return real(logits, *a, **kw)
+
+    drafter_mod.denoise_step = spy
+    try:
+        drafter.draft(cache, [0], [clean], anchors, 4 - anchored)
+    finally:
+        drafter_mod.denoise_step = real
+    got = draft_logits["x"][0, anchored:]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert cache.lengths == [8]  # only the clean run stays cached
+
+
+@pytest.mark.parametrize("rule", ["threshold", "topk"])
+@pytest.mark.parametrize("steps", [2, 3, 8])
+def test_multistep_drafting_commits_every_position_once(rule, steps, monkeypatch):
+    target = tiny_target(seed=4)
+    drafter = random_drafter(target, block_size=8, seed=5, steps=steps)
+    drafter.dcfg.rule = rule
+    drafter.dcfg.threshold = 0.5
+    commits = []
+    real = drafter_mod.denoise_step
+
+    def spy(*a, **kw):
+        committed = real(*a, **kw)
+        commits.append(committed.clone())
+        return committed
+
+    monkeypatch.setattr(drafter_mod, "denoise_step", spy)
+    cache = drafter.new_cache(2, 64)
+    tokens, conf = drafter.draft(cache, [0, 1], [[1, 2, 3], [4]], [5, 6], 7)
+    total = torch.stack(commits).sum(0)
+    assert len(commits) <= steps
+    assert torch.equal(total[:, 1:], torch.ones(2, 7, dtype=torch.long))  # each drafted position once
+    assert torch.equal(total[:, 0], torch.zeros(2, dtype=torch.long))  # the anchor never
+    assert (tokens != drafter.dcfg.mask_token_id).all() and (conf > 0).all()
+    assert cache.lengths == [3, 1]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_save_load_round_trip(tmp_path, shared):
+    target = tiny_target(seed=6)
+    d = random_drafter(target, block_size=4, seed=7, layers=2)
+    if shared:
+        d.dcfg.shared_embeddings = True
+        d.model.embed_tokens = target.embed_tokens
+    save_drafter(d, tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["d3d"]["block_size"] == 4 and raw["num_hidden_layers"] == 2
+    with pytest.raises(ValueError, match="pass target=") if shared else _nullcontext():
+        load_drafter(tmp_path)
+    again = load_drafter(tmp_path, target=target)
+    ids = torch.randint(0, 40, (1, 9))
+    torch.testing.assert_close(again.model(ids), d.model(ids))
+    if shared:
+        assert again.model.embed_tokens is target.embed_tokens
+
+
+def _nullcontext():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_vocab_mismatch_and_bad_config(tmp_path):
+    target = tiny_target(seed=8)
+    save_drafter(random_drafter(target, seed=9), tmp_path)
+    other = tiny_target(seed=8, vocab=50)
+    with pytest.raises(ValueError, match="does not match the target's vocab_size=50"):
+        load_drafter(tmp_path, target=other)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.pop("d3d")
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="no 'd3d' section"):
+        load_drafter(tmp_path, target=target)
+
+
+def test_pruned_drafter_is_loadable(tmp_path):
+    target = tiny_target(seed=10)
+    d = random_drafter(target, block_size=4, seed=11, layers=3)
+    pruned = drop_layers(d, [1])
+    assert pruned.cfg.num_hidden_layers == 2
+    save_drafter(pruned, tmp_path)
+    again = load_drafter(tmp_path, target=target)
+    ids = torch.randint(0, 40, (1, 7))
+    torch.testing.assert_close(again.model(ids), pruned.model(ids))
+    # the kept layers are the original layers 0 and 2
+    torch.testing.assert_close(again.model.layers[1].mlp.down_proj.weight, d.model.layers[2].mlp.down_proj.weight)
+    with pytest.raises(ValueError, match="cannot drop all"):
+        drop_layers(d, [0, 1, 2])
+    with pytest.raises(ValueError, match="must be in"):
+        drop_layers(d, [3])
+
+
+def test_pipeline_learns_a_toy_corpus(tmp_path):
+    """Tiny target + tiny drafter on a repetitive corpus: the drafter must reach a high τ."""
+    tcfg = tiny_config(tmp_path, steps=40, hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=2,
+                       intermediate_size=128, vocab_size=320, max_positions=256)
+    train_target(tcfg, log=lambda *_: None)
+    cfg = DrafterTrainConfig(target=tcfg.out, out=str(tmp_path / "drafter"), corpus=tcfg.corpus,
+                             heldout_fraction=tcfg.heldout_fraction, num_layers=1, block_size=4, n_sequences=64,
+                             prompt_len=16, gen_len=48, batch_size=8, steps=120, lr=3e-3, warmup=5, eval_every=120,
+                             eval_prompts=4, eval_new_tokens=32, log_every=1000, save_every=1000)
+    summary = train_drafter(cfg, log=lambda *_: None)
+    assert summary["history"][-1]["tau"] >= 3.0  # of at most B = 4
+    target = d3d.load_model(tcfg.out)
+    drafter = d3d.load_drafter(cfg.out, target=target)
+    tok = d3d.load_tokenizer(tcfg.out)
+    prompt = tok.encode("def add_5(a, b):\n")
+    ar = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[])
+    for mode in ("sync", "async"):
+        out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter)
+        assert out.tokens == ar.tokens
+        assert out.stats.tau > 2.0
