@@ -1,0 +1,130 @@
+"""End-to-end speculative decoding: ar vs sync vs async (D3D), same prompts, one run.
+
+For every prompt of every set, each mode generates with batch 1 at T = 0 (modes interleaved, so
+machine drift hits them alike); greedy outputs are checked against ``ar`` token for token. Per
+set and mode we report τ, tokens/s (generated tokens / wall time including prefill), the speedup
+over ``ar`` measured in the same run, and for async the successor hit rate and where the time
+went (drafting on the critical path vs hidden behind verification).
+
+Modes: ar, sync, async (default overlap for the device), async:none (async bookkeeping without
+concurrency: what the overlap buys), async:thread.
+
+    python bench/speculative.py [--sets code humaneval] [--n 8] [--new-tokens 128] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown_table, write_json  # noqa: E402
+
+import d3d  # noqa: E402
+from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled  # noqa: E402
+from d3d.prompts import load_prompt_set  # noqa: E402
+
+
+def run_mode(target, drafter, prompt, mode: str, args):
+    name, _, overlap = mode.partition(":")
+    kw = {} if name == "ar" else dict(mode=name, drafter=drafter, block_size=args.block_size,
+                                      overlap=overlap or None)
+    t = time.perf_counter()
+    out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[], **kw)
+    return out, time.perf_counter() - t
+
+
+def bench_set(target, drafter, prompts, args) -> dict:
+    acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "draft_s": 0.0,
+               "hidden_draft_s": 0.0, "verify_s": 0.0, "per_prompt_tok_s": []} for m in args.modes}
+    for i, prompt in enumerate(prompts):
+        ref = None
+        for m in args.modes:
+            out, dt = run_mode(target, drafter, prompt, m, args)
+            if ref is None and m == "ar":
+                ref = out.tokens
+            elif ref is not None and out.tokens != ref:
+                raise SystemExit(f"prompt {i}: {m} output differs from ar — speculative decoding is broken")
+            a, s = acc[m], out.stats
+            a["tokens"] += s.total_generated
+            a["seconds"] += dt
+            a["per_prompt_tok_s"].append(s.total_generated / dt)
+            a["rounds"] += s.rounds
+            a["hits"] += s.successor_hits
+            a["draft_s"] += s.draft_seconds
+            a["hidden_draft_s"] += s.hidden_draft_seconds
+            a["verify_s"] += s.verify_seconds
+            if s.accept_hist:
+                a["hist"] = s.accept_hist if a["hist"] is None else [x + y for x, y in zip(a["hist"], s.accept_hist)]
+        print(f"  prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    res = {}
+    for m, a in acc.items():
+        r = {"tok_s": a["tokens"] / a["seconds"], "tokens": a["tokens"], "seconds": a["seconds"],
+             "per_prompt_tok_s": a["per_prompt_tok_s"]}
+        if a["rounds"]:
+            r.update(tau=sum((k + 1) * c for k, c in enumerate(a["hist"])) / a["rounds"], rounds=a["rounds"],
+                     accept_hist=a["hist"], hit_rate=a["hits"] / a["rounds"], draft_seconds=a["draft_s"],
+                     hidden_draft_seconds=a["hidden_draft_s"], verify_seconds=a["verify_s"])
+        res[m] = r
+    if "ar" in res:
+        for r in res.values():
+            r["speedup_vs_ar"] = r["tok_s"] / res["ar"]["tok_s"]
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", help="target directory (default: bundled)")
+    ap.add_argument("--drafter", help="drafter directory (default: bundled)")
+    ap.add_argument("--sets", nargs="+", default=["code", "humaneval"])
+    ap.add_argument("--n", type=int, default=8, help="prompts per set")
+    ap.add_argument("--prompt-len", type=int, default=64, help="tokens per code prompt")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--modes", nargs="+", default=["ar", "sync", "async", "async:none"])
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--out", default=None, help="write the JSON here")
+    args = ap.parse_args(argv)
+    if "ar" not in args.modes:
+        args.modes.insert(0, "ar")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
+    drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
+    target = d3d.load_model(target_dir)
+    tok = d3d.load_tokenizer(target_dir)
+    drafter = d3d.load_drafter(drafter_dir, target=target)
+    d3d.generate(target, [1, 2, 3], max_new_tokens=8, mode="async", drafter=drafter, stop_ids=[])  # warm-up
+    results, missing = {}, {}
+    for name in args.sets:
+        try:
+            prompts = load_prompt_set(name, tok, args.n, args.prompt_len)
+        except FileNotFoundError as e:
+            missing[name] = str(e)
+            print(f"prompt set {name!r} unavailable: {e}", file=sys.stderr)
+            continue
+        print(f"{name}: {len(prompts)} prompts", file=sys.stderr)
+        results[name] = bench_set(target, drafter, prompts, args)
+    rows = []
+    for name, res in results.items():
+        for m, r in res.items():
+            rows.append([name, m, f"{r['tau']:.2f}" if "tau" in r else "-", r["tok_s"], f"{r['speedup_vs_ar']:.2f}x",
+                         f"{r['hit_rate']:.0%}" if m.startswith("async") else "-",
+                         f"{r['draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / {r['verify_seconds']:.2f}"
+                         if "tau" in r else "-"])
+    print(markdown_table(["set", "mode", "τ", "tok/s", "vs ar", "async hit rate",
+                          "draft (critical) / draft (hidden) / verify s"], rows))
+    write_json(args.out, {"bench": "speculative", "machine": machine(), "config": vars(args),
+                          "target": str(target_dir), "drafter": str(drafter_dir),
+                          "target_parameters": target.cfg.num_parameters(),
+                          "drafter_parameters": drafter.num_parameters(include_shared=False),
+                          "missing_sets": missing, "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
