@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--explain", action="store_true",
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
                         "timing overlap of drafting and verification")
-    g.add_argument("--overlap", choices=["thread", "stream", "none"], default=None,
+    g.add_argument("--overlap", choices=["thread", "packed", "stream", "none"], default=None,
                    help="async: how drafting runs beside verification (default: stream on CUDA, thread on CPU)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")

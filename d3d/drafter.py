@@ -95,6 +95,48 @@ class Drafter:
         shared = self.dcfg.shared_embeddings and not include_shared
         return self.cfg.num_parameters(include_embeddings=not shared)
 
+    def start(self, cache: KVCache, rows: list[int], clean: list[list[int]], anchors: list[int] | None,
+              num_masks: int) -> "DraftJob":
+        """Inputs of the first drafting pass (see ``draft``); run them with ``self.model`` or in a
+        packed pass beside the target (``d3d.packed``), then call ``finish``."""
+        n, dev = len(rows), self.model.device
+        lead = 0 if anchors is None else 1
+        blk = lead + num_masks
+        block = torch.full((n, blk), self.dcfg.mask_token_id, dtype=torch.long, device=dev)
+        if anchors is not None:
+            block[:, 0] = torch.tensor(anchors, device=dev)
+        masked = torch.ones(n, blk, dtype=torch.bool, device=dev)
+        masked[:, :lead] = False
+        layout = cache.layout([len(c) + blk for c in clean], rows, [list(range(len(c))) + [len(c)] * blk for c in clean])
+        starts = layout.cu_seqlens[:-1].tolist()
+        ids = torch.tensor([t for c in clean for t in c + [0] * blk], dtype=torch.long, device=dev)
+        index = torch.tensor([s + len(c) + j for s, c in zip(starts, clean) for j in range(blk)], device=dev)
+        ids[index] = block.flatten()
+        clean_end = [cache.lengths[r] + len(c) for r, c in zip(rows, clean)]
+        return DraftJob(rows, lead, block, masked, torch.zeros(n, blk, device=dev), clean_end, ids, layout, index)
+
+    @torch.inference_mode()
+    def finish(self, cache: KVCache, job: "DraftJob", logits: torch.Tensor, temperature: float = 0.0,
+               seed: int = 0, steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Denoise from the first pass's ``logits`` ([N * block, V]); re-run the block for later steps."""
+        steps = self.dcfg.denoise_steps if steps is None else steps
+        n, blk = job.block.shape
+        for step in range(steps):
+            for r, end in zip(job.rows, job.clean_end):
+                cache.crop(r, end)  # only clean tokens stay cached
+            last = step == steps - 1
+            remaining = int(job.masked.sum(dim=1).max())
+            rule, k = ("all", 1) if last else (self.dcfg.rule, max(1, math.ceil(remaining / (steps - step))))
+            denoise_step(logits.view(n, blk, -1), job.block, job.masked, temperature=temperature,
+                         seed=seed * 1009 + step, rule=rule, threshold=self.dcfg.threshold, k=k,
+                         confidence=job.confidence)
+            if last or not bool(job.masked.any()):
+                break
+            # later steps re-run only the blocks, on top of the cached clean runs
+            layout = cache.layout([blk] * n, job.rows, [[0] * blk] * n)
+            logits = self.model(job.block.flatten(), layout, cache)
+        return job.block[:, job.lead:], job.confidence[:, job.lead:]
+
     @torch.inference_mode()
     def draft(
         self,
@@ -114,43 +156,24 @@ class Drafter:
         when ``anchors`` is None), which is cropped away afterwards.
         Returns ``(tokens [N, num_masks] int64, confidence [N, num_masks] float32)``.
         """
-        steps = self.dcfg.denoise_steps if steps is None else steps
-        n, dev = len(rows), self.model.device
-        lead = 0 if anchors is None else 1
-        blk = lead + num_masks
-        mask_id = self.dcfg.mask_token_id
-        block = torch.full((n, blk), mask_id, dtype=torch.long, device=dev)
-        if anchors is not None:
-            block[:, 0] = torch.tensor(anchors, device=dev)
-        masked = torch.ones(n, blk, dtype=torch.bool, device=dev)
-        masked[:, :lead] = False
-        confidence = torch.zeros(n, blk, dtype=torch.float32, device=dev)
-        clean_end = [cache.lengths[r] + len(c) for r, c in zip(rows, clean)]
+        job = self.start(cache, rows, clean, anchors, num_masks)
+        logits = self.model(job.ids, job.layout, cache, logits_index=job.index)
+        return self.finish(cache, job, logits, temperature, seed, steps)
 
-        # Pass 1: clean runs + blocks. Later passes: the blocks only (clean part is cached).
-        lens = [len(c) + blk for c in clean]
-        groups = [list(range(len(c))) + [len(c)] * blk for c in clean]
-        layout = cache.layout(lens, rows, groups)
-        ids = torch.cat([torch.tensor(c + [0] * blk, dtype=torch.long, device=dev) for c in clean])
-        block_index = torch.cat([torch.arange(s + len(c), s + len(c) + blk, device=dev)
-                                 for s, c in zip(layout.cu_seqlens[:-1].tolist(), clean)])
-        for step in range(steps):
-            ids[block_index] = block.flatten()
-            logits = self.model(ids, layout, cache, logits_index=block_index).view(n, blk, -1)
-            for r, end in zip(rows, clean_end):
-                cache.crop(r, end)
-            last = step == steps - 1
-            remaining = int(masked.sum(dim=1).max())
-            rule, k = ("all", 1) if last else (self.dcfg.rule, max(1, math.ceil(remaining / (steps - step))))
-            denoise_step(logits, block, masked, temperature=temperature, seed=seed * 1009 + step,
-                         rule=rule, threshold=self.dcfg.threshold, k=k, confidence=confidence)
-            if not bool(masked.any()):
-                break
-            if step == 0:  # from now on only the blocks are re-run, on top of the cached clean runs
-                layout = cache.layout([blk] * n, rows, [[0] * blk] * n)
-                ids = block.flatten().clone()
-                block_index = torch.arange(n * blk, device=dev)
-        return block[:, lead:], confidence[:, lead:]
+
+@dataclass
+class DraftJob:
+    """State of one drafting call between its first pass and the denoising steps."""
+
+    rows: list[int]
+    lead: int  # 1 when the block starts with a clean anchor
+    block: torch.Tensor  # [N, blk] tokens (mask ids where still masked)
+    masked: torch.Tensor  # [N, blk] bool
+    confidence: torch.Tensor  # [N, blk] float32
+    clean_end: list[int]  # cache length of each row once the block is cropped away
+    ids: torch.Tensor  # [T] packed input of the first pass
+    layout: object  # PassLayout of the first pass
+    index: torch.Tensor  # [N * blk] positions of the block tokens in ``ids``
 
 
 # ----------------------------------------------------------------------------- files

@@ -11,6 +11,7 @@ All engines share prefill, argument checks, stop handling and statistics.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -209,6 +210,25 @@ class RoundInfo:
     draft_span: tuple[float, float] | None  # async: the concurrent successor pass
 
 
+@contextlib.contextmanager
+def _split_cpu_threads(enabled: bool):
+    """Give each of the two concurrent CPU threads half of torch's intra-op threads.
+
+    Two Python threads that each run ops with the full intra-op thread count oversubscribe the
+    cores, and OpenMP's spin-waiting then stalls tiny ops by orders of magnitude (measured: 8 ms
+    instead of ~30 us per small SDPA call with both cores busy).
+    """
+    if not enabled:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, old // 2))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 class _Clock:
     def __init__(self):
         self.t0 = time.perf_counter()
@@ -255,8 +275,9 @@ def generate_speculative(
     cache is cropped back to the accepted tokens and the next round drafts synchronously.
 
     ``overlap``: how async runs (3) beside (2): ``"thread"`` (a second CPU thread; torch ops
-    release the GIL), ``"stream"`` (a second CUDA stream) or ``"none"`` (one after the other,
-    for measuring what the overlap buys).
+    release the GIL), ``"packed"`` (one joint pass of both models, ``d3d.packed``; needs the
+    drafter to have the target's layer shapes), ``"stream"`` (a second CUDA stream) or
+    ``"none"`` (one after the other, for measuring what the overlap buys).
     """
     B = block_size or drafter.block_size
     if B < 2:
@@ -266,8 +287,13 @@ def generate_speculative(
     stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B)
     out = _Output(n, max_new_tokens, stop_ids, stream)
     longest = max(len(p) for p in prompts)
-    tcache = target.new_cache(n, longest + max_new_tokens + B + 1)
-    dcache = drafter.new_cache(n, longest + max_new_tokens + 2 * B + 2)
+    pair = None
+    if mode == "async" and overlap == "packed":
+        pair = _packed_pair(target, drafter)
+        tcache, dcache = pair.new_caches(n, n, longest + max_new_tokens + 2 * B + 2)
+    else:
+        tcache = target.new_cache(n, longest + max_new_tokens + B + 1)
+        dcache = drafter.new_cache(n, longest + max_new_tokens + 2 * B + 2)
     gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
     clock = _Clock()
     pool = ThreadPoolExecutor(max_workers=1) if mode == "async" and overlap == "thread" else None
@@ -305,19 +331,35 @@ def generate_speculative(
         base = [len(committed[i]) - 1 for i in rows]
         draft_t = torch.tensor([drafts[i] for i in rows], device=dev)
 
-        def verify():
+        def verify_inputs():
             vlayout = tcache.layout([B] * len(rows), rows)
-            vids = torch.tensor([[committed[i][-1]] + drafts[i] for i in rows], device=dev).flatten()
-            logits = target(vids, vlayout, tcache).view(len(rows), B, -1)
-            return accept(draft_t, logits, temperature=temperature, seed=seed * 1_000_003 + rnd)
+            return torch.tensor([[committed[i][-1]] + drafts[i] for i in rows], device=dev).flatten(), vlayout
+
+        def judge(logits):
+            return accept(draft_t, logits.view(len(rows), B, -1), temperature=temperature, seed=seed * 1_000_003 + rnd)
+
+        def verify():
+            vids, vlayout = verify_inputs()
+            return judge(target(vids, vlayout, tcache))
+
+        def successor_clean():
+            return [committed[i][dcache.lengths[i]:] + drafts[i] for i in rows]
 
         def successor():
-            clean = [committed[i][dcache.lengths[i]:] + drafts[i] for i in rows]
-            return drafter.draft(dcache, rows, clean, None, B)[0].tolist()
+            return drafter.draft(dcache, rows, successor_clean(), None, B)[0].tolist()
+
+        def packed():
+            vids, vlayout = verify_inputs()
+            job = drafter.start(dcache, rows, successor_clean(), None, B)
+            t_logits, d_logits = pair.forward(vids, vlayout, tcache, job.ids, job.layout, dcache, job.index)
+            return judge(t_logits), drafter.finish(dcache, job, d_logits)[0].tolist()
 
         draft_span = None
         if mode == "async":
-            if pool is not None:
+            if pair is not None:
+                (result, guesses), verify_span = _timed(clock, packed)
+                draft_span = verify_span
+            elif pool is not None:
                 future = pool.submit(lambda: _timed(clock, successor))
                 result, verify_span = _timed(clock, verify)
                 guesses, draft_span = future.result()
@@ -369,6 +411,18 @@ def generate_speculative(
 
 
 MODES = ("ar", "sync", "async")
+OVERLAPS = ("thread", "packed", "stream", "none")
+
+
+def _packed_pair(target: Transformer, drafter: "Drafter"):
+    """The stacked weights for packed passes, built once per (target, drafter) pair."""
+    from .packed import PackedPair
+
+    cached = getattr(drafter, "_packed_pair", None)
+    if cached is None or cached.t is not target:
+        cached = PackedPair(target, drafter.model)
+        drafter._packed_pair = cached
+    return cached
 
 
 def generate(
@@ -418,7 +472,8 @@ def generate(
                  extra=2 * B + 2)
     if overlap is None:
         overlap = "stream" if model.device.type == "cuda" else "thread"
-    if overlap not in ("thread", "stream", "none"):
-        raise ValueError(f"overlap={overlap!r}: expected 'thread', 'stream' or 'none'")
-    return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops,
-                                stream, on_round, overlap)
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
+    with _split_cpu_threads(mode == "async" and overlap == "thread" and model.device.type == "cpu"):
+        return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops,
+                                    stream, on_round, overlap)

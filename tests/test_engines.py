@@ -146,8 +146,9 @@ def test_async_overlap_strategies_agree_and_explain_rounds():
     rounds = []
     outs = {ov: generate(target, PROMPTS, max_new_tokens=20, stop_ids=[], mode="async", drafter=drafter,
                          overlap=ov, on_round=rounds.append if ov == "thread" else None)
-            for ov in ("thread", "none")}
-    assert outs["thread"].tokens == outs["none"].tokens == reference(target, PROMPTS, 20)
+            for ov in ("thread", "packed", "none")}
+    assert outs["thread"].tokens == outs["packed"].tokens == outs["none"].tokens == reference(target, PROMPTS, 20)
+    assert outs["thread"].stats.accept_hist == outs["packed"].stats.accept_hist == outs["none"].stats.accept_hist
     assert rounds and all(r.draft_span is not None for r in rounds)
     assert sum(len(r.committed) for r in rounds) >= sum(outs["thread"].stats.num_generated) - len(PROMPTS)
 
@@ -239,3 +240,27 @@ def test_sampling_follows_the_target_distribution(mode, monkeypatch):
                                    mode=mode, drafter=drafter).tokens)
     stat, dof = chi2(biased[:, 1], p2)
     assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_packed_pass_equals_separate_passes(layers):
+    """One joint pass of target and drafter gives the logits of two separate passes."""
+    from d3d.packed import PackedPair
+
+    target = tiny_target(seed=13)
+    drafter = random_drafter(target, 4, seed=14, layers=layers)
+    pair = PackedPair(target, drafter.model)
+    tcache, dcache = pair.new_caches(2, 2, 64)
+    ref_t, ref_d = target.new_cache(2, 64), drafter.new_cache(2, 64)
+    for caches in ((tcache, dcache), (ref_t, ref_d)):  # same prefixes in both
+        target(torch.tensor([1, 2, 3, 4, 5, 6]), caches[0].layout([4, 2]), caches[0])
+        drafter.model(torch.tensor([7, 8, 9]), caches[1].layout([1, 2]), caches[1])
+    t_ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12])
+    job = drafter.start(dcache, [0, 1], [[3, 4], [5]], None, 4)
+    job_ref = drafter.start(ref_d, [0, 1], [[3, 4], [5]], None, 4)
+    t_logits, d_logits = pair.forward(t_ids, tcache.layout([4, 4]), tcache, job.ids, job.layout, dcache, job.index)
+    ref_tl = target(t_ids, ref_t.layout([4, 4]), ref_t)
+    ref_dl = drafter.model(job_ref.ids, job_ref.layout, ref_d, logits_index=job_ref.index)
+    torch.testing.assert_close(t_logits, ref_tl, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(d_logits, ref_dl, atol=1e-5, rtol=1e-5)
+    assert tcache.lengths == ref_t.lengths and dcache.lengths == ref_d.lengths
