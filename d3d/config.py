@@ -211,6 +211,10 @@ class ModelConfig:
 
 # Presets used by tests and benchmarks (Qwen3 shapes; vocab matches the real Qwen3 tokenizer).
 PRESETS: dict[str, dict[str, Any]] = {
+    # a few hundred thousand parameters besides the embedding: for trying the pipeline quickly.
+    "qwen3-tiny": dict(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       max_position_embeddings=2048, tie_word_embeddings=True),
     # ~15M parameters without embeddings: overhead-bound on a CPU.
     "qwen3-15m": dict(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=64,

@@ -1,0 +1,62 @@
+"""The command line: generate (json, explain, modes), init, and clear errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from d3d.__main__ import main
+from d3d.assets import BUNDLED_DRAFTER, models_dir
+
+HAS_DRAFTER = (models_dir() / BUNDLED_DRAFTER / "config.json").exists()
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_works():
+    res = subprocess.run([sys.executable, "-m", "d3d", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "generate" in res.stdout and "train-drafter" in res.stdout
+
+
+def test_generate_json_ar(capsys):
+    code, out, _ = run_cli(["generate", "--mode", "ar", "--prompt", "def add(a, b):", "--max-new-tokens", "8",
+                            "--json"], capsys)
+    assert code == 0
+    obj = json.loads(out)
+    assert set(obj) >= {"text", "token_ids", "num_prompt_tokens", "stats"}
+    assert 1 <= len(obj["token_ids"]) <= 8 and obj["stats"]["tokens_per_second"] > 0
+
+
+@pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")
+def test_generate_default_is_async_and_explain(capsys):
+    code, out, err = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24"], capsys)
+    assert code == 0 and "[async]" in err and "τ" in err
+    code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--explain",
+                            "--mode", "async"], capsys)
+    assert code == 0 and "round 0:" in out and "bonus <" in out and "verify" in out
+    code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--json",
+                            "--mode", "sync", "--block-size", "8"], capsys)
+    stats = json.loads(out)["stats"]
+    assert stats["block_size"] == 8 and stats["rounds"] >= 1 and stats["tau"] >= 1
+
+
+def test_clear_errors(capsys, tmp_path):
+    code, _, err = run_cli(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x", "--mode", "ar"], capsys)
+    assert code == 2 and "nope" in err
+    code, _, err = run_cli(["generate", "--mode", "ar", "--prompt", "x", "--temperature", "-1"], capsys)
+    assert code == 2 and "temperature" in err
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x", "--max-new-tokens", "0"])
+
+
+def test_init_writes_a_loadable_checkpoint(capsys, tmp_path):
+    code, out, _ = run_cli(["init", str(tmp_path / "rnd"), "--preset", "qwen3-tiny", "--dtype", "bfloat16"], capsys)
+    assert code == 0 and (tmp_path / "rnd" / "tokenizer.json").exists()
+    code, out, _ = run_cli(["generate", "--model", str(tmp_path / "rnd"), "--mode", "ar", "--prompt", "hello",
+                            "--max-new-tokens", "3", "--json"], capsys)
+    assert code == 0 and len(json.loads(out)["token_ids"]) == 3
