@@ -196,15 +196,16 @@ def cmd_prune(args) -> int:
     before = measure(drafter)
     log(f"τ before: {before:.3f} ({drafter.cfg.num_hidden_layers} layers)")
     report = {"tau_before": before, "layers_before": drafter.cfg.num_hidden_layers}
-    if args.table:
-        report["single_layer_removed"] = layer_importance(drafter, measure)
-        for row in report["single_layer_removed"]:
-            log(f"  without layer {row['dropped']}: τ {row['tau']:.3f} ({100 * row['tau'] / before:.1f}%)")
     if args.drop:
         pruned, removed = drop_layers(drafter, args.drop), sorted(args.drop)
+        if args.table:
+            report["single_layer_removed"] = layer_importance(drafter, measure)
     else:
         pruned, removed, report["greedy_trace"] = greedy_prune(drafter, args.greedy, measure, log)
-    after = measure(pruned)
+        report["single_layer_removed"] = report["greedy_trace"][0]["candidates"]  # the search's first step
+    for row in report.get("single_layer_removed", []):
+        log(f"  without layer {row['dropped']}: τ {row['tau']:.3f} ({100 * row['tau'] / before:.1f}%)")
+    after = report["greedy_trace"][-1]["tau"] if "greedy_trace" in report else measure(pruned)
     report.update(removed=removed, tau_after=after, retention=after / before, layers_after=pruned.cfg.num_hidden_layers)
     log(f"τ after removing layers {removed}: {after:.3f} ({100 * after / before:.1f}% retained)")
     d3d.save_drafter(pruned, args.out)
@@ -310,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", required=True, help="output directory for the pruned drafter")
     pr.add_argument("--drop", type=int, nargs="+", help="layer indices to remove")
     pr.add_argument("--greedy", type=positive_int, help="remove this many layers, least harmful first")
-    pr.add_argument("--table", action="store_true", help="also report τ with each single layer removed")
+    pr.add_argument("--table", action="store_true",
+                    help="with --drop: also report τ with each single layer removed (--greedy always reports it)")
     pr.add_argument("--corpus", help="corpus root for held-out prompts (default: the standard library)")
     pr.add_argument("--heldout-fraction", type=float, default=0.05)
     pr.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts for τ")
