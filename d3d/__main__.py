@@ -21,8 +21,8 @@ commands:
 class StreamPrinter:
     """Prints generated text as it arrives; holds back an incomplete UTF-8 character."""
 
-    def __init__(self, tok, out=sys.stdout):
-        self.tok, self.out, self.ids, self.shown = tok, out, [], 0
+    def __init__(self, tok, out=None):
+        self.tok, self.out, self.ids, self.shown = tok, out or sys.stdout, [], 0
 
     def __call__(self, seq: int, new: list[int]) -> None:
         self.ids.extend(new)
@@ -44,9 +44,9 @@ def positive_int(s: str) -> int:
 class Explainer:
     """``--explain``: one block per round — draft, accepted prefix, bonus, timing overlap."""
 
-    def __init__(self, tok, out=sys.stdout):
-        self.tok, self.out = tok, out
-        self.color = out.isatty()
+    def __init__(self, tok, out=None):
+        self.tok, self.out = tok, out or sys.stdout
+        self.color = self.out.isatty()
 
     def _paint(self, text: str, code: str, plain: str) -> str:
         text = text.replace("\n", "\\n")
@@ -333,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
