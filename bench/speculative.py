@@ -6,8 +6,9 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, sync, async (default overlap for the device), async:none (async bookkeeping without
-concurrency: what the overlap buys), async:thread.
+Modes: ar, sync, async (default overlap for the device), async:thread, async:packed, async:none
+(async bookkeeping without concurrency: what the overlap buys); a suffix @X sets the successor
+threshold (async drafts a successor only when the drafter's confidence product is >= X).
 
     python bench/speculative.py [--sets code humaneval] [--n 8] [--new-tokens 128] [--out FILE]
 """
@@ -30,9 +31,12 @@ from d3d.prompts import load_prompt_set  # noqa: E402
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
+    mode, _, threshold = mode.partition("@")
     name, _, overlap = mode.partition(":")
     kw = {} if name == "ar" else dict(mode=name, drafter=drafter, block_size=args.block_size,
                                       overlap=overlap or None)
+    if threshold:
+        kw["successor_threshold"] = float(threshold)
     t = time.perf_counter()
     out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[], **kw)
     return out, time.perf_counter() - t
@@ -85,7 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per code prompt")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--modes", nargs="+", default=["ar", "sync", "async", "async:none"])
+    ap.add_argument("--modes", nargs="+", default=["ar", "sync", "async", "async:packed@0", "async:thread@0",
+                                                   "async:none@0"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)

@@ -99,7 +99,8 @@ def cmd_generate(args) -> int:
     out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer,
                        mode=args.mode, drafter=drafter, block_size=args.block_size,
-                       on_round=Explainer(tok) if args.explain else None, overlap=args.overlap)
+                       on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
+                       successor_threshold=args.successor_threshold)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -232,7 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
                         "timing overlap of drafting and verification")
     g.add_argument("--overlap", choices=["thread", "packed", "stream", "none"], default=None,
-                   help="async: how drafting runs beside verification (default: stream on CUDA, thread on CPU)")
+                   help="async: how drafting runs beside verification (default: stream on CUDA; on CPU the "
+                        "packed pass when drafter and target share layer shapes, else a thread)")
+    g.add_argument("--successor-threshold", type=float, default=None,
+                   help="async: draft the successor only when the drafter's confidence product over the "
+                        "current draft is at least this (0 = always, as in D3D; default 0.3 on CPU, 0 on CUDA)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")

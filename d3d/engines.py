@@ -44,6 +44,7 @@ class GenerationStats:
     rounds: int = 0  # verification rounds, summed over sequences
     accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = rounds that accepted a drafts
     drafter_forwards: int = 0
+    successor_passes: int = 0  # async: rounds (x sequences) that drafted a successor beside verification
     fallbacks: int = 0  # async: rounds whose successor draft was unusable (drafted synchronously)
     successor_hits: int = 0  # async: rounds that used the successor drafted during verification
     draft_seconds: float = 0.0  # drafting on the critical path
@@ -207,7 +208,8 @@ class RoundInfo:
     fallback: bool  # async: the successor drafted during this round is unusable
     sync_draft_seconds: float
     verify_span: tuple[float, float]  # (start, end) seconds since generation start
-    draft_span: tuple[float, float] | None  # async: the concurrent successor pass
+    draft_span: tuple[float, float] | None  # async: the concurrent successor pass (None: not drafted)
+    confidence: float  # drafter's product of confidences over this draft
 
 
 @contextlib.contextmanager
@@ -257,6 +259,7 @@ def generate_speculative(
     stream: StreamFn | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
     overlap: str = "thread",
+    successor_threshold: float = 0.0,
 ) -> GenerationOutput:
     """Speculative decoding, synchronous (``mode="sync"``) or D3D asynchronous (``"async"``).
 
@@ -273,6 +276,11 @@ def generate_speculative(
     B-1 drafts. If verification accepted everything and the bonus equals the guess, those drafts
     are the next round's draft and no drafting sits on the critical path; otherwise the drafter
     cache is cropped back to the accepted tokens and the next round drafts synchronously.
+
+    ``successor_threshold``: async drafts a successor only for rows whose current draft has a
+    product of drafter confidences at least this (an estimate of P(whole block accepted)); 0
+    (default) always drafts one, as D3D does. Where compute is saturated (a CPU), skipping
+    hopeless successors saves their cost; where it is idle (a GPU stream), 0 is right.
 
     ``overlap``: how async runs (3) beside (2): ``"thread"`` (a second CPU thread; torch ops
     release the GIL), ``"packed"`` (one joint pass of both models, ``d3d.packed``; needs the
@@ -310,6 +318,7 @@ def generate_speculative(
         committed[i].append(t)
         out.commit(i, [t])
     drafts: list[list[int] | None] = [None] * n
+    confidence = [0.0] * n  # drafter's product of confidences over the current draft ≈ P(all accepted)
     from_successor = [False] * n
 
     rnd = 0
@@ -319,15 +328,17 @@ def generate_speculative(
         sync_seconds = 0.0
         if need:
             t = clock.now()
-            toks, _ = drafter.draft(dcache, need, [committed[i][dcache.lengths[i]:-1] for i in need],
-                                    [committed[i][-1] for i in need], B - 1)
-            for i, d in zip(need, toks.tolist()):
-                drafts[i] = d
+            toks, conf = drafter.draft(dcache, need, [committed[i][dcache.lengths[i]:-1] for i in need],
+                                       [committed[i][-1] for i in need], B - 1)
+            for i, d, c in zip(need, toks.tolist(), conf.prod(dim=1).tolist()):
+                drafts[i], confidence[i] = d, c
             stats.drafter_forwards += drafter.dcfg.denoise_steps
             sync_seconds = clock.now() - t
             stats.draft_seconds += sync_seconds
 
-        # (2) verification, with (3) the successor pass beside it in async mode
+        # (2) verification, with (3) the successor pass beside it in async mode, for the rows whose
+        # draft the drafter itself believes likely to be accepted whole (successor_threshold)
+        spec = [i for i in rows if confidence[i] >= successor_threshold] if mode == "async" else []
         base = [len(committed[i]) - 1 for i in rows]
         draft_t = torch.tensor([drafts[i] for i in rows], device=dev)
 
@@ -343,19 +354,22 @@ def generate_speculative(
             return judge(target(vids, vlayout, tcache))
 
         def successor_clean():
-            return [committed[i][dcache.lengths[i]:] + drafts[i] for i in rows]
+            return [committed[i][dcache.lengths[i]:] + drafts[i] for i in spec]
+
+        def guesses_of(toks, conf):  # row -> (guessed bonus + next draft, confidence of the next draft)
+            return dict(zip(spec, zip(toks.tolist(), conf[:, 1:].prod(dim=1).tolist())))
 
         def successor():
-            return drafter.draft(dcache, rows, successor_clean(), None, B)[0].tolist()
+            return guesses_of(*drafter.draft(dcache, spec, successor_clean(), None, B))
 
         def packed():
             vids, vlayout = verify_inputs()
-            job = drafter.start(dcache, rows, successor_clean(), None, B)
+            job = drafter.start(dcache, spec, successor_clean(), None, B)
             t_logits, d_logits = pair.forward(vids, vlayout, tcache, job.ids, job.layout, dcache, job.index)
-            return judge(t_logits), drafter.finish(dcache, job, d_logits)[0].tolist()
+            return judge(t_logits), guesses_of(*drafter.finish(dcache, job, d_logits))
 
-        draft_span = None
-        if mode == "async":
+        draft_span, guesses = None, {}
+        if spec:
             if pair is not None:
                 (result, guesses), verify_span = _timed(clock, packed)
                 draft_span = verify_span
@@ -373,6 +387,7 @@ def generate_speculative(
                 result, verify_span = _timed(clock, verify)
                 guesses, draft_span = _timed(clock, successor)
             stats.drafter_forwards += drafter.dcfg.denoise_steps
+            stats.successor_passes += len(spec)
             stats.hidden_draft_seconds += draft_span[1] - draft_span[0]
         else:
             result, verify_span = _timed(clock, verify)
@@ -387,19 +402,19 @@ def generate_speculative(
             stats.accept_hist[a] += 1
             tcache.crop(i, base[j] + 1 + a)
             hit = False
-            if mode == "async":
-                hit = a == B - 1 and guesses[j][0] == bonus[j]
+            if i in guesses:
+                hit = a == B - 1 and guesses[i][0][0] == bonus[j]
                 if not hit:
                     dcache.crop(i, min(dcache.lengths[i], base[j] + 1 + a))
                 stats.successor_hits += hit
                 stats.fallbacks += not hit
             if on_round:
                 on_round(RoundInfo(rnd, i, list(drafts[i]), a, bonus[j], new, from_successor[i],
-                                   mode == "async" and not hit, sync_seconds if i in need else 0.0,
-                                   verify_span, draft_span))
+                                   i in guesses and not hit, sync_seconds if i in need else 0.0,
+                                   verify_span, draft_span if i in guesses else None, confidence[i]))
             committed[i].extend(new)
             out.commit(i, new)
-            drafts[i] = guesses[j][1:] if hit else None
+            drafts[i], confidence[i] = (guesses[i][0][1:], guesses[i][1]) if hit else (None, 0.0)
             from_successor[i] = hit
         rnd += 1
     if pool is not None:
@@ -412,6 +427,17 @@ def generate_speculative(
 
 MODES = ("ar", "sync", "async")
 OVERLAPS = ("thread", "packed", "stream", "none")
+
+
+def default_overlap(target: Transformer, drafter: "Drafter") -> str:
+    """CUDA: a second stream. CPU: the packed pass when the shapes allow it — measured fastest of
+    the CPU strategies (bench/speculative.py: packed 0.89x, none 0.83x, thread 0.76x of ar on
+    held-out code with the bundled pair, 2-core CPU); otherwise a second thread."""
+    from .packed import can_pack
+
+    if target.device.type == "cuda":
+        return "stream"
+    return "packed" if hasattr(drafter, "model") and can_pack(target, drafter.model) else "thread"
 
 
 def _packed_pair(target: Transformer, drafter: "Drafter"):
@@ -440,6 +466,7 @@ def generate(
     block_size: int | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
     overlap: str | None = None,
+    successor_threshold: float | None = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -449,6 +476,8 @@ def generate(
         the last token of the output.
     stream: called as ``stream(sequence_index, new_token_ids)`` whenever tokens are committed.
     top_k/top_p apply to ``ar`` only (speculative modes sample from the full distribution at T).
+    overlap / successor_threshold: how async runs the successor pass (see ``generate_speculative``;
+        default overlap: ``default_overlap``).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -471,9 +500,14 @@ def generate(
     check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
                  extra=2 * B + 2)
     if overlap is None:
-        overlap = "stream" if model.device.type == "cuda" else "thread"
+        overlap = default_overlap(model, drafter)
+    if successor_threshold is None:
+        # CPU: compute is saturated, so a successor that will likely be thrown away costs real time;
+        # measured on the bundled pair (bench/speculative.py, held-out code): 0 -> 0.86x of ar,
+        # 0.3 -> 1.11x (sync 1.01x in the same run). A GPU stream has idle capacity: always draft.
+        successor_threshold = 0.0 if model.device.type == "cuda" else 0.3
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
     with _split_cpu_threads(mode == "async" and overlap == "thread" and model.device.type == "cpu"):
         return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops,
-                                    stream, on_round, overlap)
+                                    stream, on_round, overlap, successor_threshold)

@@ -11,10 +11,18 @@ import d3d.engines as engines
 from d3d.cache import KVCache
 from d3d.config import ModelConfig
 from d3d.drafter import Drafter, DrafterConfig, drafter_model_config
-from d3d.engines import generate
+from d3d.engines import generate as _generate
 from d3d.model import Transformer
 
 V = 48
+
+
+def generate(*args, **kw):
+    """These tests exercise the full D3D async path: a successor every round unless a test says
+    otherwise (the library's CPU default skips unlikely successors, tested separately)."""
+    if kw.get("mode", "ar") != "ar":
+        kw.setdefault("successor_threshold", 0.0)
+    return _generate(*args, **kw)
 
 
 def tiny_target(seed=0, vocab=V, std=0.6):
@@ -153,25 +161,41 @@ def test_async_overlap_strategies_agree_and_explain_rounds():
     assert sum(len(r.committed) for r in rounds) >= sum(outs["thread"].stats.num_generated) - len(PROMPTS)
 
 
-def test_no_memory_growth_over_many_rounds(monkeypatch):
+@pytest.mark.parametrize("overlap", ["thread", "packed"])
+def test_no_memory_growth_over_many_rounds(monkeypatch, overlap):
     """Caches are allocated once per generation and never reallocated or grown."""
-    created = []
-    init = KVCache.__init__
+    seen = {}
+    layout = KVCache.layout
 
-    def recording_init(self, *a, **kw):
-        init(self, *a, **kw)
-        created.append((self, [t.data_ptr() for t in self.k + self.v], [t.shape for t in self.k]))
+    def recording_layout(self, *a, **kw):  # the storage in use at the first pass of each cache
+        seen.setdefault(id(self), (self, [t.data_ptr() for t in self.k + self.v], [t.shape for t in self.k]))
+        return layout(self, *a, **kw)
 
-    monkeypatch.setattr(KVCache, "__init__", recording_init)
+    monkeypatch.setattr(KVCache, "layout", recording_layout)
     target = tiny_target(seed=8)
     drafter = random_drafter(target, 4, seed=9)
-    out = generate(target, [1, 2, 3], max_new_tokens=400, stop_ids=[], mode="async", drafter=drafter)
+    out = generate(target, [1, 2, 3], max_new_tokens=400, stop_ids=[], mode="async", drafter=drafter,
+                   overlap=overlap)
     assert out.stats.rounds > 100
-    assert len(created) == 2  # one target cache, one drafter cache
-    for cache, ptrs, shapes in created:
+    assert len(seen) == 2  # one target cache, one drafter cache
+    for cache, ptrs, shapes in seen.values():
         assert [t.data_ptr() for t in cache.k + cache.v] == ptrs
         assert [t.shape for t in cache.k] == shapes
         assert max(cache.lengths) <= cache.max_len
+
+
+def test_successor_threshold_gates_the_successor_pass():
+    target = tiny_target(seed=15)
+    drafter = random_drafter(target, 4, seed=16)
+    ref = reference(target, PROMPTS, 24)
+    always = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter)
+    default = _generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter)
+    assert default.tokens == ref and default.stats.successor_passes <= default.stats.rounds
+    never = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter,
+                     successor_threshold=1.01)
+    assert always.tokens == never.tokens == ref
+    assert always.stats.successor_passes == always.stats.rounds
+    assert never.stats.successor_passes == 0 and never.stats.successor_hits == 0
 
 
 def test_drafter_required_and_checked():
