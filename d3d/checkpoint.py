@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
@@ -81,7 +81,7 @@ def weight_files(path: Path) -> dict[str, Path]:
 def _open(file: Path):
     try:
         return safe_open(str(file), framework="pt")
-    except (SafetensorError, OSError, Exception) as e:  # the error type varies by failure
+    except Exception as e:  # SafetensorError, OSError, ... : the type varies by failure
         raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .cache import KVCache
-from .checkpoint import DTYPES, name_map, parse_dtype, read_tensors, save_model
+from .checkpoint import name_map, parse_dtype, read_tensors, save_model
 from .config import ModelConfig
 from .kernels.denoise import denoise_step
 from .model import Transformer
@@ -238,4 +238,4 @@ def save_drafter(drafter: Drafter, path: str | Path, dtype=None) -> None:
     (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
 
-__all__ = ["Drafter", "DrafterConfig", "load_drafter", "save_drafter", "drafter_model_config", "DTYPES"]
+__all__ = ["Drafter", "DrafterConfig", "DraftJob", "load_drafter", "save_drafter", "drafter_model_config"]

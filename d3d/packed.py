@@ -93,7 +93,6 @@ class PackedPair:
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         Tt, Td = t_ids.numel(), d_ids.numel()
         T = max(Tt, Td)
-        dev = t_ids.device
         cos_t, sin_t = self.t.rope()
         cos_d, sin_d = self.d.rope()
 

@@ -8,8 +8,7 @@ import torch
 
 import d3d
 import d3d.drafter as drafter_mod
-from d3d.drafter import Drafter, DrafterConfig, drafter_model_config, load_drafter, save_drafter
-from d3d.model import Transformer
+from d3d.drafter import load_drafter, save_drafter
 from d3d.prune import drop_layers
 from d3d.train.drafter import DrafterTrainConfig, training_mask, train_drafter
 from d3d.train.target import train_target

@@ -26,7 +26,7 @@ from ..checkpoint import save_model
 from ..config import ModelConfig
 from ..model import Transformer
 from ..tokenizer import Tokenizer
-from .bpe import SPECIAL_TOKENS, save_tokenizer, train_bpe
+from .bpe import save_tokenizer, train_bpe
 from .common import (Progress, batch_generator, cosine_lr, load_training_state, make_optimizer,
                      save_training_state)
 from .corpus import find_corpus, read_texts
