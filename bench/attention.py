@@ -118,7 +118,7 @@ def median_seconds(fn, repeats: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="+", default=["prefill", "verify", "d3d", "decode"])
@@ -167,7 +167,9 @@ def main(argv=None) -> None:
     print(f"H={H} Hkv={Hkv} D={D} {a.dtype} batch={a.batch} cache_len={a.cache_len} "
           f"prefill_len={a.prefill_len} on {'GPU' if cuda else 'CPU'}, median of {a.repeats}\n")
     print(markdown_table(["case", "method", "new tokens", "ms", "TFLOP/s"], rows))
-    write_json(a.out, dict(config=vars(a), machine=machine(), results=results))
+    payload = dict(bench="attention", config=vars(a), machine=machine(), results=results)
+    write_json(a.out, payload)
+    return payload
 
 
 if __name__ == "__main__":

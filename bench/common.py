@@ -72,3 +72,36 @@ def write_json(path: str | None, payload: dict) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {path}")
+
+
+def load_json(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"--compare {path}: cannot read a benchmark JSON ({e})")
+
+
+def _tok_s_by_key(payload: dict) -> dict:
+    """(row key) -> tokens/s for the benches that measure throughput."""
+    out = {}
+    if payload.get("bench") == "speculative":
+        for name, res in payload["results"].items():
+            for mode, r in res.items():
+                out[(name, mode)] = r["tok_s"]
+    elif payload.get("bench") == "decode":
+        for r in payload["results"]:
+            out[(r["model"], "d3d")] = r["d3d"]["tok_s_median"]
+            if "transformers" in r:
+                out[(r["model"], "transformers")] = r["transformers"]["tok_s_median"]
+    return out
+
+
+def compare_table(new: dict, old: dict) -> str:
+    """Markdown table of tok/s now vs a previous run of the same bench."""
+    if new.get("bench") != old.get("bench"):
+        raise SystemExit(f"--compare: the previous JSON is a {old.get('bench')!r} bench, this is {new.get('bench')!r}")
+    a, b = _tok_s_by_key(new), _tok_s_by_key(old)
+    rows = [[k[0], k[1], b[k], a[k], f"{a[k] / b[k]:.2f}x"] for k in a if k in b]
+    note = "" if new["machine"].get("cpu") == old["machine"].get("cpu") else \
+        f"\n(note: different machines: {old['machine'].get('cpu')} then {new['machine'].get('cpu')})"
+    return "vs previous run:\n" + markdown_table(["set/model", "mode", "before tok/s", "now tok/s", "ratio"], rows) + note

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, machine, markdown_table, write_json  # noqa: E402
+from common import compare_table, copy_bandwidth_gbs, load_json, machine, markdown_table, write_json  # noqa: E402
 
 import d3d  # noqa: E402
 from d3d.config import preset  # noqa: E402
@@ -90,11 +90,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--no-transformers", action="store_true", help="time d3d only")
+    ap.add_argument("--bandwidth-bytes", type=int, default=256 << 20, help="buffer size for the copy-bandwidth probe")
     ap.add_argument("--out", default=None, help="write the JSON here")
+    ap.add_argument("--compare", default=None, help="a previous decode JSON to compare against")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    bw = copy_bandwidth_gbs()
+    bw = copy_bandwidth_gbs(args.bandwidth_bytes)
     print(f"measured copy bandwidth: {bw:.1f} GB/s; {machine()['cpu']}, {torch.get_num_threads()} threads")
     results = []
     for name in args.sizes:
@@ -107,10 +109,13 @@ def main(argv=None) -> int:
                      hf if hf else "-", r.get("speedup_vs_transformers", "-"),
                      r["d3d_gb_s"], f"{100 * r['d3d_gb_s'] / bw:.0f}%"])
     print(markdown_table(["model", "params", "d3d tok/s", "transformers tok/s", "ratio", "d3d GB/s", "of copy BW"], rows))
-    write_json(args.out, {"bench": "decode", "machine": machine(), "copy_bandwidth_gb_s": bw,
-                          "config": vars(args), "results": results})
-    return 0
+    payload = {"bench": "decode", "machine": machine(), "copy_bandwidth_gb_s": bw, "config": vars(args),
+               "results": results}
+    if args.compare:
+        print(compare_table(payload, load_json(args.compare)))
+    write_json(args.out, payload)
+    return payload
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

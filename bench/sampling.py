@@ -78,7 +78,7 @@ def on_backend(backend, fn):
     return run
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="+", choices=CASES, default=CASES)
@@ -120,7 +120,9 @@ def main(argv=None) -> None:
     print(f"B={a.block} V={a.vocab} {a.dtype} on {'GPU' if cuda else 'CPU'}, median of {a.repeats}\n")
     os.environ.pop("D3D_KERNELS", None)
     print(markdown_table(["case", "method", "N", "ms", "GB/s (logits read)"], rows))
-    write_json(a.out, dict(config=vars(a), machine=machine(), results=results))
+    payload = dict(bench="sampling", config=vars(a), machine=machine(), results=results)
+    write_json(a.out, payload)
+    return payload
 
 
 if __name__ == "__main__":

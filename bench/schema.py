@@ -1,0 +1,66 @@
+"""The documented shape of every benchmark JSON, and a validator (no dependency).
+
+Common to all: ``bench`` (its name), ``machine`` (``cpu``, ``cores``, ``torch``, ``triton``,
+``python``, ``platform``, ``torch_threads`` and ``gpu`` when there is one), ``config`` (the
+command-line arguments), ``results``.
+
+speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s, speedup_vs_ar}
+    and for speculative modes also {tau, rounds, accept_hist, hit_rate, fallback_rate,
+    draft_seconds, hidden_draft_seconds, verify_seconds}; plus ``missing_sets`` {set: reason},
+    ``target``, ``drafter``, ``target_parameters``, ``drafter_parameters``.
+decode: ``results`` = [{model, parameters, weight_bytes_per_token, d3d: {tok_s_median, seconds},
+    d3d_gb_s, transformers?: {...}, speedup_vs_transformers?}], ``copy_bandwidth_gb_s``.
+kernels: ``attention`` and ``sampling``, each a payload of its own (results = list of rows with
+    case, method, ms and TFLOP/s or GB/s), plus ``copy_bandwidth_gb_s``.
+"""
+
+from __future__ import annotations
+
+NUM = (int, float)
+
+MACHINE = {"cpu": str, "cores": int, "torch": str, "python": str, "platform": str, "torch_threads": int}
+SPEC_ROW = {"tok_s": NUM, "tokens": int, "seconds": NUM, "per_prompt_tok_s": list, "speedup_vs_ar": NUM}
+SPEC_EXTRA = {"tau": NUM, "rounds": int, "accept_hist": list, "hit_rate": NUM, "fallback_rate": NUM,
+              "draft_seconds": NUM, "hidden_draft_seconds": NUM, "verify_seconds": NUM}
+DECODE_ROW = {"model": str, "parameters": int, "weight_bytes_per_token": int, "d3d": dict, "d3d_gb_s": NUM}
+ATTENTION_ROW = {"case": str, "method": str, "tokens": int, "ms": NUM, "tflops": NUM}
+SAMPLING_ROW = {"case": str, "method": str, "n": int, "ms": NUM, "gbs": NUM}
+
+
+def _check(obj: dict, fields: dict, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")
+    for key, typ in fields.items():
+        if key not in obj:
+            raise ValueError(f"{where}: missing {key!r}")
+        if not isinstance(obj[key], typ) or isinstance(obj[key], bool) and typ is not bool:
+            raise ValueError(f"{where}.{key}: expected {typ}, got {type(obj[key]).__name__}")
+
+
+def validate(payload: dict) -> None:
+    """Raise ValueError naming the first field that does not match the documented schema."""
+    _check(payload, {"bench": str, "machine": dict}, "$")
+    _check(payload["machine"], MACHINE, "$.machine")
+    kind = payload["bench"]
+    if kind == "speculative":
+        _check(payload, {"config": dict, "results": dict, "missing_sets": dict, "target_parameters": int,
+                         "drafter_parameters": int}, "$")
+        for name, res in payload["results"].items():
+            if "ar" not in res:
+                raise ValueError(f"$.results.{name}: missing the 'ar' baseline")
+            for mode, row in res.items():
+                _check(row, SPEC_ROW, f"$.results.{name}.{mode}")
+                if mode != "ar":
+                    _check(row, SPEC_EXTRA, f"$.results.{name}.{mode}")
+    elif kind == "decode":
+        _check(payload, {"config": dict, "results": list, "copy_bandwidth_gb_s": NUM}, "$")
+        for i, row in enumerate(payload["results"]):
+            _check(row, DECODE_ROW, f"$.results[{i}]")
+    elif kind == "kernels":
+        _check(payload, {"attention": dict, "sampling": dict, "copy_bandwidth_gb_s": NUM}, "$")
+        for part, row_schema in (("attention", ATTENTION_ROW), ("sampling", SAMPLING_ROW)):
+            _check(payload[part], {"results": list, "config": dict}, f"$.{part}")
+            for i, row in enumerate(payload[part]["results"]):
+                _check(row, row_schema, f"$.{part}.results[{i}]")
+    else:
+        raise ValueError(f"$.bench: unknown benchmark {kind!r}")

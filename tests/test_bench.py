@@ -1,0 +1,78 @@
+"""Timing-free smoke tests of every benchmark command on tiny inputs; the JSON follows the schema."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import d3d
+from d3d.assets import BUNDLED_TARGET, models_dir
+from d3d.config import preset
+from d3d.drafter import Drafter, DrafterConfig, drafter_model_config, save_drafter
+from d3d.model import Transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import schema  # noqa: E402
+from run import main as bench_main, readme_table  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A random tiny target with the bundled tokenizer, and a random drafter of its shape."""
+    root = tmp_path_factory.mktemp("pair")
+    torch.manual_seed(0)
+    target = Transformer(preset("qwen3-tiny", eos_token_id=0)).eval()
+    d3d.save_model(target, root / "target")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (root / "target" / name).write_bytes((models_dir() / BUNDLED_TARGET / name).read_bytes())
+    dcfg = DrafterConfig(block_size=4, mask_token_id=3, target_vocab=8192)
+    save_drafter(Drafter(Transformer(drafter_model_config(target.cfg, 1, dcfg)).eval(), dcfg), root / "drafter")
+    return root
+
+
+def test_speculative_smoke(tiny_pair, tmp_path):
+    out = tmp_path / "spec.json"
+    bench_main(["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
+                "--n", "1", "--new-tokens", "6", "--block-size", "4", "--modes", "ar", "sync", "async",
+                "--sets", "code", "humaneval", "mtbench", "docs", "--out", str(out), "--plots", str(tmp_path / "plots")])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    # every requested set is either measured or reported missing with a reason; none vanishes
+    assert set(payload["results"]) | set(payload["missing_sets"]) == {"code", "humaneval", "mtbench", "docs"}
+    assert "code" in payload["results"] and set(payload["results"]["code"]) == {"ar", "sync", "async"}
+    assert all(reason for reason in payload["missing_sets"].values())
+    assert "| code | sync |" in readme_table(str(out))
+    bench_main(["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
+                "--n", "1", "--new-tokens", "4", "--block-size", "4", "--modes", "ar", "sync", "--sets", "code",
+                "--compare", str(out)])
+
+
+def test_decode_smoke(tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    bench_main(["decode", "--sizes", "qwen3-tiny", "--new-tokens", "4", "--repeats", "1", "--prompt-len", "4",
+                "--bandwidth-bytes", str(1 << 20), "--out", str(out)])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    assert payload["results"][0]["model"] == "qwen3-tiny" and "transformers" in payload["results"][0]
+    bench_main(["decode", "--sizes", "qwen3-tiny", "--new-tokens", "4", "--repeats", "1", "--prompt-len", "4",
+                "--bandwidth-bytes", str(1 << 20), "--no-transformers", "--compare", str(out)])
+    assert "vs previous run" in capsys.readouterr().out
+
+
+def test_kernels_smoke(tmp_path):
+    out = tmp_path / "kernels.json"
+    bench_main(["kernels", "--quick", "--out", str(out)])
+    schema.validate(json.loads(out.read_text()))
+
+
+def test_schema_rejects_bad_payloads():
+    with pytest.raises(ValueError, match="missing 'machine'"):
+        schema.validate({"bench": "decode"})
+    m = {"cpu": "x", "cores": 2, "torch": "2", "python": "3", "platform": "p", "torch_threads": 1}
+    with pytest.raises(ValueError, match=r"\$.results.code: missing the 'ar' baseline"):
+        schema.validate({"bench": "speculative", "machine": m, "config": {}, "results": {"code": {}},
+                         "missing_sets": {}, "target_parameters": 1, "drafter_parameters": 1})
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        schema.validate({"bench": "nope", "machine": m})
