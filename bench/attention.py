@@ -104,7 +104,8 @@ def build(seqs, H, Hkv, D, dtype, device):
     return args, padded
 
 
-def median_seconds(fn, repeats: int, cuda: bool) -> float:
+def median_seconds(fn, repeats: int, cuda: bool) -> tuple[float, list[float]]:
+    """(median, all times) in seconds, after one warm-up call."""
     fn()  # warm-up (and Triton compile)
     times = []
     for _ in range(repeats):
@@ -115,7 +116,7 @@ def median_seconds(fn, repeats: int, cuda: bool) -> float:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(times), times
 
 
 def main(argv=None) -> dict:
@@ -158,11 +159,11 @@ def main(argv=None) -> dict:
                 pad["q"], pad["k"], pad["v"], is_causal=True, enable_gqa=H != Hkv)
         for name, fn in methods.items():
             with torch.inference_mode():
-                sec = median_seconds(fn, a.repeats, cuda)
+                sec, times = median_seconds(fn, a.repeats, cuda)
             tflops = flops / sec / 1e12
             rows.append([case, name, args["q"].shape[0], sec * 1e3, tflops])
             results.append(dict(case=case, method=name, tokens=args["q"].shape[0], ms=sec * 1e3,
-                                tflops=tflops, flops=flops))
+                                ms_min=min(times) * 1e3, ms_max=max(times) * 1e3, tflops=tflops, flops=flops))
 
     print(f"H={H} Hkv={Hkv} D={D} {a.dtype} batch={a.batch} cache_len={a.cache_len} "
           f"prefill_len={a.prefill_len} on {'GPU' if cuda else 'CPU'}, median of {a.repeats}\n")

@@ -105,3 +105,19 @@ def compare_table(new: dict, old: dict) -> str:
     note = "" if new["machine"].get("cpu") == old["machine"].get("cpu") else \
         f"\n(note: different machines: {old['machine'].get('cpu')} then {new['machine'].get('cpu')})"
     return "vs previous run:\n" + markdown_table(["set/model", "mode", "before tok/s", "now tok/s", "ratio"], rows) + note
+
+
+def matmul_tflops(n: int = 1024, repeats: int = 5, device: str = "cpu", dtype=None) -> float:
+    """Measured dense matmul throughput (the compute ceiling kernels are compared against)."""
+    import torch
+
+    dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+
+    def run():
+        a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    return 2 * n ** 3 / timeit(run, repeats)["median"] / 1e12

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import schema  # noqa: E402
-from common import copy_bandwidth_gbs, machine, markdown_table, write_json  # noqa: E402
+from common import copy_bandwidth_gbs, load_json, machine, markdown_table, matmul_tflops, write_json  # noqa: E402
 
 
 def run_kernels(argv: list[str]) -> dict:
@@ -33,13 +33,41 @@ def run_kernels(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench kernels", description="packed attention + sampling kernels")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    ap.add_argument("--compare", default=None, help="a previous kernels JSON to compare against")
     args, rest = ap.parse_known_args(argv)
     quick_att = ["--batch", "2", "--cache-len", "32", "--prefill-len", "16", "--repeats", "1", "--heads", "4",
                  "--kv-heads", "2", "--head-dim", "16"] if args.quick else []
     quick_smp = ["--n", "1", "--vocab", "1000", "--repeats", "1"] if args.quick else []
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     payload = {"bench": "kernels", "machine": machine(),
                "copy_bandwidth_gb_s": copy_bandwidth_gbs(16 << 20 if args.quick else 256 << 20),
+               "matmul_tflops": matmul_tflops(256 if args.quick else 2048, device=device),
                "attention": attention.main(quick_att + rest), "sampling": sampling.main(quick_smp)}
+    # achieved vs the machine's measured ceilings: matmul FLOP/s for attention, copy bandwidth for sampling
+    for r in payload["attention"]["results"]:
+        r["of_matmul_peak"] = r["tflops"] / payload["matmul_tflops"]
+    for r in payload["sampling"]["results"]:
+        r["of_copy_bandwidth"] = r["gbs"] / payload["copy_bandwidth_gb_s"]
+    print(f"\nceilings measured here: matmul {payload['matmul_tflops']:.3f} TFLOP/s, "
+          f"copy {payload['copy_bandwidth_gb_s']:.1f} GB/s")
+    print(markdown_table(["kernel", "case", "method", "ms (min..max)", "of ceiling"],
+                         [["attention", r["case"], r["method"], f"{r['ms']:.3f} ({r['ms_min']:.3f}..{r['ms_max']:.3f})",
+                           f"{r['of_matmul_peak']:.1%} of matmul"] for r in payload["attention"]["results"]]
+                         + [["sampling", f"{r['case']} N={r['n']}", r["method"],
+                             f"{r['ms']:.3f} ({r['ms_min']:.3f}..{r['ms_max']:.3f})",
+                             f"{r['of_copy_bandwidth']:.1%} of copy BW"] for r in payload["sampling"]["results"]]))
+    if args.compare:
+        old = load_json(args.compare)
+        if old.get("bench") != "kernels":
+            raise SystemExit(f"--compare {args.compare}: not a kernels JSON")
+        before = {(k, r["case"], r["method"], r.get("n")): r["ms"] for k in ("attention", "sampling")
+                  for r in old[k]["results"]}
+        rows = [[k, r["case"], r["method"], before[key], r["ms"], f"{before[key] / r['ms']:.2f}x faster"]
+                for k in ("attention", "sampling") for r in payload[k]["results"]
+                if (key := (k, r["case"], r["method"], r.get("n"))) in before]
+        print("vs previous run:\n" + markdown_table(["kernel", "case", "method", "before ms", "now ms", "change"], rows))
     schema.validate(payload)
     write_json(args.out, payload)
     return payload

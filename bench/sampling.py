@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
             fn()
             if cuda:
                 torch.cuda.synchronize()
-        return timeit(run, a.repeats)["median"]
+        return timeit(run, a.repeats)
 
     rows, results = [], []
     for case in a.cases:
@@ -112,10 +112,11 @@ def main(argv=None) -> dict:
                 methods["triton"] = on_backend("triton", fn)
             for name, fn in methods.items():
                 with torch.inference_mode():
-                    sec = timed(fn)
+                    t = timed(fn)
+                sec = t["median"]
                 rows.append([case, name, N, sec * 1e3, nbytes / sec / 1e9])
-                results.append(dict(case=case, method=name, n=N, block=a.block, vocab=a.vocab,
-                                    ms=sec * 1e3, gbs=nbytes / sec / 1e9))
+                results.append(dict(case=case, method=name, n=N, block=a.block, vocab=a.vocab, ms=sec * 1e3,
+                                    ms_min=t["min"] * 1e3, ms_max=t["max"] * 1e3, gbs=nbytes / sec / 1e9))
 
     print(f"B={a.block} V={a.vocab} {a.dtype} on {'GPU' if cuda else 'CPU'}, median of {a.repeats}\n")
     os.environ.pop("D3D_KERNELS", None)

@@ -11,7 +11,9 @@ speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s,
 decode: ``results`` = [{model, parameters, weight_bytes_per_token, d3d: {tok_s_median, seconds},
     d3d_gb_s, transformers?: {...}, speedup_vs_transformers?}], ``copy_bandwidth_gb_s``.
 kernels: ``attention`` and ``sampling``, each a payload of its own (results = list of rows with
-    case, method, ms and TFLOP/s or GB/s), plus ``copy_bandwidth_gb_s``.
+    case, method, ms (median, min, max) and TFLOP/s with the share of the measured matmul peak, or
+    GB/s with the share of the measured copy bandwidth), plus ``copy_bandwidth_gb_s`` and
+    ``matmul_tflops`` (the ceilings, measured on the same machine in the same run).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ SPEC_ROW = {"tok_s": NUM, "tokens": int, "seconds": NUM, "per_prompt_tok_s": lis
 SPEC_EXTRA = {"tau": NUM, "rounds": int, "accept_hist": list, "hit_rate": NUM, "fallback_rate": NUM,
               "draft_seconds": NUM, "hidden_draft_seconds": NUM, "verify_seconds": NUM}
 DECODE_ROW = {"model": str, "parameters": int, "weight_bytes_per_token": int, "d3d": dict, "d3d_gb_s": NUM}
-ATTENTION_ROW = {"case": str, "method": str, "tokens": int, "ms": NUM, "tflops": NUM}
-SAMPLING_ROW = {"case": str, "method": str, "n": int, "ms": NUM, "gbs": NUM}
+ATTENTION_ROW = {"case": str, "method": str, "tokens": int, "ms": NUM, "ms_min": NUM, "ms_max": NUM, "tflops": NUM,
+                 "of_matmul_peak": NUM}
+SAMPLING_ROW = {"case": str, "method": str, "n": int, "ms": NUM, "ms_min": NUM, "ms_max": NUM, "gbs": NUM,
+                "of_copy_bandwidth": NUM}
 
 
 def _check(obj: dict, fields: dict, where: str) -> None:
@@ -57,7 +61,7 @@ def validate(payload: dict) -> None:
         for i, row in enumerate(payload["results"]):
             _check(row, DECODE_ROW, f"$.results[{i}]")
     elif kind == "kernels":
-        _check(payload, {"attention": dict, "sampling": dict, "copy_bandwidth_gb_s": NUM}, "$")
+        _check(payload, {"attention": dict, "sampling": dict, "copy_bandwidth_gb_s": NUM, "matmul_tflops": NUM}, "$")
         for part, row_schema in (("attention", ATTENTION_ROW), ("sampling", SAMPLING_ROW)):
             _check(payload[part], {"results": list, "config": dict}, f"$.{part}")
             for i, row in enumerate(payload[part]["results"]):

@@ -65,6 +65,7 @@ def test_kernels_smoke(tmp_path):
     out = tmp_path / "kernels.json"
     bench_main(["kernels", "--quick", "--out", str(out)])
     schema.validate(json.loads(out.read_text()))
+    bench_main(["kernels", "--quick", "--compare", str(out)])
 
 
 def test_schema_rejects_bad_payloads():
