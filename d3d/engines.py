@@ -425,7 +425,87 @@ def generate_speculative(
     return GenerationOutput(out.tokens, stats)
 
 
-MODES = ("ar", "sync", "async")
+@torch.inference_mode()
+def generate_dflash(
+    target: Transformer,
+    drafter,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    block_size: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_ids: set[int] = frozenset(),
+    stream: StreamFn | None = None,
+    on_round: Callable[[RoundInfo], None] | None = None,
+) -> GenerationOutput:
+    """The DFlash baseline: a synchronous loop whose drafter reads the target's hidden states.
+
+    Every target pass (prefill, verification) also returns the hidden states of the drafter's
+    ``target_layer_ids``; those of the newly committed tokens (all but the anchor, whose hidden
+    state the next verification computes) become the drafter's context.
+    """
+    B = block_size or drafter.block_size
+    n, dev = len(prompts), target.device
+    stats = GenerationStats("dflash", n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B)
+    out = _Output(n, max_new_tokens, stop_ids, stream)
+    longest = max(len(p) for p in prompts)
+    tcache = target.new_cache(n, longest + max_new_tokens + B + 1)
+    ccache = drafter.new_cache(n, longest + max_new_tokens + B + 1)
+    gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
+    clock = _Clock()
+    layers = drafter.hidden_layers
+
+    layout = tcache.layout([len(p) for p in prompts])
+    ids = torch.tensor([t for p in prompts for t in p], device=dev)
+    logits, hidden = target(ids, layout, tcache, hidden_layers=layers)
+    first = sample_next(logits[layout.last_token_index()], temperature, generator=gen).tolist()
+    drafter.append_context(ccache, list(range(n)), hidden, [len(p) for p in prompts])
+    stats.target_forwards += 1
+    stats.prefill_seconds = clock.now()
+    committed = [list(p) for p in prompts]
+    for i, t in enumerate(first):
+        committed[i].append(t)
+        out.commit(i, [t])
+
+    rnd = 0
+    while rows := out.active():
+        t = clock.now()
+        drafts = drafter.draft(ccache, rows, [committed[i][-1] for i in rows], B - 1)
+        stats.drafter_forwards += 1
+        sync_seconds = clock.now() - t
+        stats.draft_seconds += sync_seconds
+        base = [len(committed[i]) - 1 for i in rows]
+        vlayout = tcache.layout([B] * len(rows), rows)
+        vids = torch.cat([torch.tensor([[committed[i][-1]] for i in rows], device=dev), drafts], 1).flatten()
+        v0 = clock.now()
+        logits, hidden = target(vids, vlayout, tcache, hidden_layers=layers)
+        result = accept(drafts, logits.view(len(rows), B, -1), temperature=temperature, seed=seed * 1_000_003 + rnd)
+        accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
+        stats.target_forwards += 1
+        stats.verify_seconds += clock.now() - v0
+        # context grows by the anchor + accepted drafts of each row
+        keep = torch.cat([torch.arange(j * B, j * B + a + 1, device=dev) for j, a in enumerate(accepted)])
+        drafter.append_context(ccache, rows, [h.index_select(0, keep) for h in hidden], [a + 1 for a in accepted])
+        draft_list = drafts.tolist()
+        for j, i in enumerate(rows):
+            a = accepted[j]
+            new = draft_list[j][:a] + [bonus[j]]
+            stats.rounds += 1
+            stats.accept_hist[a] += 1
+            tcache.crop(i, base[j] + 1 + a)
+            if on_round:
+                on_round(RoundInfo(rnd, i, draft_list[j], a, bonus[j], new, False, False, sync_seconds,
+                                   (v0, clock.now()), None, 0.0))
+            committed[i].extend(new)
+            out.commit(i, new)
+        rnd += 1
+    stats.decode_seconds = clock.now() - stats.prefill_seconds
+    stats.num_generated = [len(t) for t in out.tokens]
+    stats.stopped = out.stopped
+    return GenerationOutput(out.tokens, stats)
+
+
+MODES = ("ar", "sync", "async", "dflash")
 OVERLAPS = ("thread", "packed", "stream", "none")
 
 
@@ -471,7 +551,8 @@ def generate(
     """Generate continuations of one prompt or a batch of prompts.
 
     prompt_ids: list of ints, list of lists (a batch, lengths may differ), or a 1-D/2-D tensor.
-    mode: ``"ar"`` (default), ``"sync"`` or ``"async"`` (both need ``drafter``).
+    mode: ``"ar"`` (default), ``"sync"`` or ``"async"`` (both need a D3D ``drafter``), or
+        ``"dflash"`` (needs a ``d3d.dflash.DFlashDrafter``).
     stop_ids: tokens that end a sequence (default: the model config's eos ids). The stop token is
         the last token of the output.
     stream: called as ``stream(sequence_index, new_token_ids)`` whenever tokens are committed.
@@ -489,7 +570,12 @@ def generate(
         check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
         return generate_ar(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stops, stream)
     if drafter is None:
-        raise ValueError(f"mode={mode!r} needs a drafter (see d3d.load_drafter)")
+        raise ValueError(f"mode={mode!r} needs a drafter (see d3d.load_drafter / d3d.dflash.load_dflash)")
+    from .dflash import DFlashDrafter
+
+    if (mode == "dflash") != isinstance(drafter, DFlashDrafter):
+        raise ValueError(f"mode={mode!r} needs a {'DFlash' if mode == 'dflash' else 'D3D'} drafter, got "
+                         f"{type(drafter).__name__}")
     if drafter.cfg.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}")
     if (top_k is not None or top_p is not None) and temperature > 0:
@@ -499,6 +585,8 @@ def generate(
         raise ValueError(f"block_size={B!r}: must be an integer >= 2")
     check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
                  extra=2 * B + 2)
+    if mode == "dflash":
+        return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round)
     if overlap is None:
         overlap = default_overlap(model, drafter)
     if successor_threshold is None:

@@ -1,0 +1,114 @@
+"""The DFlash baseline: layer-id rule, injected context attention by hand, lossless engine, files."""
+
+import math
+
+import pytest
+import torch
+
+from d3d.dflash import DFlashConfig, DFlashDrafter, load_dflash, save_dflash, target_layer_ids
+from d3d.engines import generate
+from d3d.model import apply_rope
+
+from test_engines import PROMPTS, reference, tiny_target
+
+
+@pytest.mark.parametrize("L,n,expected", [
+    (36, 5, [1, 9, 17, 25, 33]),  # Qwen3-8B with a 5-layer drafter
+    (36, 1, [18]),
+    (28, 3, [1, 13, 25]),
+    (6, 2, [1, 3]),
+    (64, 4, [1, 21, 41, 61]),
+])
+def test_target_layer_ids(L, n, expected):
+    assert target_layer_ids(L, n) == expected
+
+
+def test_target_layer_ids_rejects_shallow_targets():
+    with pytest.raises(ValueError, match="too shallow"):
+        target_layer_ids(3, 2)
+
+
+def make_dflash(target, layers=1, block_size=4, seed=0):
+    torch.manual_seed(seed)
+    ids = tuple(target_layer_ids(target.cfg.num_hidden_layers, layers)) if target.cfg.num_hidden_layers >= 4 else \
+        tuple(range(layers))
+    dcfg = DFlashConfig(block_size=block_size, mask_token_id=target.cfg.vocab_size - 1,
+                        target_vocab=target.cfg.vocab_size, target_layer_ids=ids)
+    d = DFlashDrafter(target.cfg.replace(num_hidden_layers=layers), dcfg, target)
+    for name, p in d.named_parameters():
+        if not name.startswith("model.embed_tokens"):
+            torch.nn.init.normal_(p, std=0.3)
+    return d.eval().requires_grad_(False)
+
+
+def test_injected_attention_matches_a_hand_computation():
+    """One drafter layer, 3 context tokens, a block of 2: recompute the layer with explicit loops."""
+    target = tiny_target(seed=1)
+    d = make_dflash(target, layers=1, block_size=2, seed=2)
+    cfg, layer = d.cfg, d.model.layers[0]
+    hidden = [torch.randn(3, cfg.hidden_size)]
+    cache = d.new_cache(1, 16)
+    d.append_context(cache, [0], hidden, [3])
+    block = torch.tensor([5, cfg.vocab_size - 1])
+    got = d.block_forward(block, _layout(cache), cache.k, cache.v)
+
+    # by hand: context vectors -> k/v; block -> q/k/v; every query sees all 3 + 2 keys
+    H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    cos, sin = d.model.rope()
+    ctx = d.hidden_norm(d.fc(hidden[0]))
+    w = layer.self_attn.qkv_proj.weight
+    wq, wk, wv = w[:cfg.q_size], w[cfg.q_size:cfg.q_size + cfg.kv_size], w[cfg.q_size + cfg.kv_size:]
+    kc = layer.self_attn.k_norm((ctx @ wk.t()).view(3, Hkv, D))
+    kc = apply_rope(kc, cos[:3, None], sin[:3, None])
+    vc = (ctx @ wv.t()).view(3, Hkv, D)
+    x = d.model.embed_tokens(block)
+    h = layer.input_layernorm(x)
+    q = apply_rope(layer.self_attn.q_norm((h @ wq.t()).view(2, H, D)), cos[3:5, None], sin[3:5, None])
+    kb = apply_rope(layer.self_attn.k_norm((h @ wk.t()).view(2, Hkv, D)), cos[3:5, None], sin[3:5, None])
+    vb = (h @ wv.t()).view(2, Hkv, D)
+    keys, values = torch.cat([kc, kb]), torch.cat([vc, vb])
+    out = torch.zeros(2, H, D)
+    for i in range(2):
+        for hd in range(H):
+            g = hd // (H // Hkv)
+            scores = torch.tensor([float(q[i, hd] @ keys[j, g]) / math.sqrt(D) for j in range(5)])
+            p = scores.softmax(0)
+            out[i, hd] = sum(p[j] * values[j, g] for j in range(5))
+    x = x + layer.self_attn.o_proj(out.reshape(2, -1))
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    torch.testing.assert_close(got, d.model.norm(x), atol=1e-5, rtol=1e-5)
+
+
+def _layout(cache):
+    from d3d.cache import make_layout
+
+    return make_layout([0], [2], [cache.lengths[0]], "cpu", [[0, 0]])
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 7])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_greedy_dflash_equals_ar(block_size, layers):
+    target = tiny_target(seed=3)
+    d = make_dflash(target, layers=layers, block_size=block_size, seed=4)
+    out = generate(target, PROMPTS, max_new_tokens=25, stop_ids=[], mode="dflash", drafter=d)
+    assert out.tokens == reference(target, PROMPTS, 25)
+    assert out.stats.rounds >= 25 * len(PROMPTS) // block_size
+    with pytest.raises(ValueError, match="needs a D3D drafter"):
+        generate(target, PROMPTS, max_new_tokens=4, mode="sync", drafter=d)
+
+
+def test_save_load_round_trip(tmp_path):
+    target = tiny_target(seed=5)
+    d = make_dflash(target, layers=2, block_size=4, seed=6)
+    save_dflash(d, tmp_path)
+    again = load_dflash(tmp_path, target)
+    assert again.dcfg == d.dcfg
+    hidden = [torch.randn(4, target.cfg.hidden_size) for _ in d.dcfg.target_layer_ids]
+    torch.testing.assert_close(again.context(hidden), d.context(hidden))
+    c1, c2 = d.new_cache(1, 16), again.new_cache(1, 16)
+    d.append_context(c1, [0], hidden, [4])
+    again.append_context(c2, [0], hidden, [4])
+    torch.testing.assert_close(again.draft(c2, [0], [3], 3), d.draft(c1, [0], [3], 3))
+    other = tiny_target(seed=5, vocab=50)
+    with pytest.raises(ValueError, match="does not match the target"):
+        load_dflash(tmp_path, other)
