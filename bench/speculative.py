@@ -6,7 +6,8 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, sync, async (default overlap for the device), async:thread, async:packed, async:none
+Modes: ar, sync, dflash (the DFlash baseline drafter), async (default overlap for the device),
+async:thread, async:packed, async:none
 (async bookkeeping without concurrency: what the overlap buys); a suffix @X sets the successor
 threshold (async drafts a successor only when the drafter's confidence product is >= X).
 
@@ -26,15 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import compare_table, load_json, machine, markdown_table, write_json  # noqa: E402
 
 import d3d  # noqa: E402
-from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled  # noqa: E402
+from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir  # noqa: E402
 from d3d.prompts import PROMPT_SETS, load_prompt_set  # noqa: E402
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
     mode, _, threshold = mode.partition("@")
     name, _, overlap = mode.partition(":")
-    kw = {} if name == "ar" else dict(mode=name, drafter=drafter, block_size=args.block_size,
-                                      overlap=overlap or None)
+    if name == "dflash":
+        kw = dict(mode="dflash", drafter=args.dflash_drafter, block_size=args.block_size)
+    else:
+        kw = {} if name == "ar" else dict(mode=name, drafter=drafter, block_size=args.block_size,
+                                          overlap=overlap or None)
     if threshold:
         kw["successor_threshold"] = float(threshold)
     t = time.perf_counter()
@@ -86,6 +90,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", help="target directory (default: bundled)")
     ap.add_argument("--drafter", help="drafter directory (default: bundled)")
+    ap.add_argument("--dflash", help="DFlash drafter directory for the 'dflash' mode (default: bundled, if present)")
     ap.add_argument("--sets", nargs="+", default=list(PROMPT_SETS), choices=PROMPT_SETS,
                     help="prompt sets; a missing optional set is reported (and listed in the JSON), never installed")
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
@@ -108,6 +113,14 @@ def main(argv=None) -> int:
     target = d3d.load_model(target_dir)
     tok = d3d.load_tokenizer(target_dir)
     drafter = d3d.load_drafter(drafter_dir, target=target)
+    args.dflash_drafter = None
+    dflash_dir = Path(args.dflash) if args.dflash else models_dir() / BUNDLED_DFLASH
+    if any(m.startswith("dflash") for m in args.modes):
+        from d3d.dflash import load_dflash
+
+        if not (dflash_dir / "config.json").is_file():
+            raise SystemExit(f"mode dflash: no DFlash drafter at {dflash_dir} (pass --dflash DIR)")
+        args.dflash_drafter = load_dflash(dflash_dir, target)
     d3d.generate(target, [1, 2, 3], max_new_tokens=8, mode="async", drafter=drafter, stop_ids=[])  # warm-up
     results, missing = {}, {}
     for name in args.sets:
@@ -128,10 +141,14 @@ def main(argv=None) -> int:
                          if "tau" in r else "-"])
     print(markdown_table(["set", "mode", "τ", "tok/s", "vs ar", "async hit rate",
                           "draft (critical) / draft (hidden) / verify s"], rows))
-    payload = {"bench": "speculative", "machine": machine(), "config": vars(args),
+    config = {k: v for k, v in vars(args).items() if k != "dflash_drafter"}
+    payload = {"bench": "speculative", "machine": machine(), "config": config,
                "target": str(target_dir), "drafter": str(drafter_dir),
                "target_parameters": target.cfg.num_parameters(),
                "drafter_parameters": drafter.num_parameters(include_shared=False),
+               "dflash_parameters": (sum(p.numel() for n, p in args.dflash_drafter.named_parameters()
+                                         if not n.startswith(("model.embed_tokens", "model.lm_head")))
+                                     if args.dflash_drafter is not None else None),
                "missing_sets": missing, "results": results}
     if args.compare:
         print(compare_table(payload, load_json(args.compare)))

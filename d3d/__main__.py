@@ -14,6 +14,7 @@ commands:
   init          write a randomly initialised checkpoint (for trying the pipeline without weights)
   train-target  train a BPE tokenizer and pretrain a small Qwen3 on Python source
   train-drafter train a D3D block-diffusion drafter on the target's own continuations
+  train-dflash  train the DFlash baseline drafter (target-hidden-state conditioning)
   prune         drop drafter layers (by index, or a greedy search by measured τ)
 """
 
@@ -178,6 +179,19 @@ def cmd_train_drafter(args) -> int:
     return 0
 
 
+def cmd_train_dflash(args) -> int:
+    import torch
+
+    from d3d.train.dflash import DFlashTrainConfig, train_dflash
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fields = {k: v for k, v in vars(args).items() if k in DFlashTrainConfig.__dataclass_fields__ and v is not None}
+    summary = train_dflash(DFlashTrainConfig(**fields), log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
+    return 0
+
+
 def cmd_prune(args) -> int:
     import d3d
     from d3d.prune import drop_layers, greedy_prune, layer_importance
@@ -306,6 +320,27 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"):
         r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(dd, name))
     r.set_defaults(fn=cmd_train_drafter)
+
+    from d3d.train.dflash import DFlashTrainConfig
+
+    df = DFlashTrainConfig(target="", out="")
+    f = sub.add_parser("train-dflash", help="train the DFlash baseline drafter for a target",
+                       description="Train a DFlash-style drafter (target hidden states injected as extra K/V) on the "
+                                   "target's own greedy continuations, with the same data as train-drafter.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    f.add_argument("--target", required=True, help="target checkpoint directory (with tokenizer.json)")
+    f.add_argument("--out", required=True, help="output directory for the drafter")
+    f.add_argument("--corpus", help="directory of .py files (default: the standard library)")
+    f.add_argument("--data-dir", help="where target continuations are cached (default OUT/data; point it at a "
+                                      "train-drafter run's data directory to reuse them)")
+    f.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    for name in ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "blocks_per_sequence",
+                 "batch_size", "steps", "warmup", "eval_every", "eval_prompts", "eval_new_tokens", "log_every",
+                 "seed", "stop_after"):
+        f.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(df, name))
+    for name in ("lr", "grad_clip", "gamma", "heldout_fraction"):
+        f.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(df, name))
+    f.set_defaults(fn=cmd_train_dflash)
 
     pr = sub.add_parser("prune", help="remove drafter layers and report τ before/after",
                         description="Drop drafter layers by index (--drop) or greedily by measured τ on held-out "

@@ -35,6 +35,7 @@ def models_dir() -> Path:
 
 BUNDLED_TARGET = "target-12m"
 BUNDLED_DRAFTER = "d3d-drafter-12m"
+BUNDLED_DFLASH = "dflash-drafter-12m"
 
 
 def bundled(name: str) -> Path:

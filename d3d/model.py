@@ -176,7 +176,7 @@ class Transformer(nn.Module):
             (``[S]``, default ``arange(S)``) for other layouts such as the BD3 training mask.
         logits_index: ``[M]`` indices into the (flattened) tokens whose logits are wanted.
         hidden_layers: layer indices whose outputs are returned too (0 = embeddings, i = after
-            layer i), for DFlash-style conditioning.
+            layer i), in the order asked (repeats allowed), for DFlash-style conditioning.
         Returns logits ``[T, V]`` / ``[B, S, V]`` (``[M, V]`` with logits_index), or
         ``(logits, [hidden ...])`` when ``hidden_layers`` is non-empty.
         """
@@ -202,14 +202,15 @@ class Transformer(nn.Module):
                 raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, layout describes {layout.num_tokens}")
             cos, sin = cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1)
         x = self.embed_tokens(input_ids)
-        hidden = [x] if 0 in hidden_layers else []
+        wanted = set(hidden_layers)
+        hidden = {0: x} if 0 in wanted else {}
         for i, layer in enumerate(self.layers):
             kc = vc = None
             if cache is not None:
                 kc, vc = cache.k[i], cache.v[i]
             x = layer(x, cos, sin, layout, kc, vc, attn_mask)
-            if i + 1 in hidden_layers:
-                hidden.append(x)
+            if i + 1 in wanted:
+                hidden[i + 1] = x
         if cache is not None:
             cache.advance(layout)
         if logits_index is not None:
@@ -217,4 +218,4 @@ class Transformer(nn.Module):
         logits = F.linear(self.norm(x), self.output_weight())
         if batch_shape is not None:
             logits = logits.view(*batch_shape, -1)
-        return (logits, hidden) if hidden_layers else logits
+        return (logits, [hidden[i] for i in hidden_layers]) if hidden_layers else logits

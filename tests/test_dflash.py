@@ -112,3 +112,46 @@ def test_save_load_round_trip(tmp_path):
     other = tiny_target(seed=5, vocab=50)
     with pytest.raises(ValueError, match="does not match the target"):
         load_dflash(tmp_path, other)
+
+
+def test_training_form_equals_inference_pass():
+    """The dense training computation of a block equals the cached inference pass."""
+    from d3d.cache import make_layout
+    from d3d.train.dflash import block_hidden
+
+    target = tiny_target(seed=7)
+    d = make_dflash(target, layers=2, block_size=4, seed=8)
+    x0 = torch.randint(0, 40, (1, 20))
+    with torch.no_grad():
+        _, hidden = target(x0, hidden_layers=d.hidden_layers)
+        dense = block_hidden(d, hidden, x0, torch.tensor([[9, 3]]), 4)  # two blocks, anchors 9 and 3
+    for j, a in enumerate((9, 3)):
+        cache = d.new_cache(1, 32)
+        d.append_context(cache, [0], [h[0, :a] for h in hidden], [a])  # context strictly before the anchor
+        ids = torch.tensor([int(x0[0, a])] + [d.dcfg.mask_token_id] * 3)
+        layout = make_layout([0], [4], [a], "cpu", [[0] * 4])
+        with torch.no_grad():
+            got = d.block_forward(ids, layout, cache.k, cache.v)
+        torch.testing.assert_close(got, dense[0, j], atol=1e-5, rtol=1e-5)
+
+
+def test_train_dflash_smoke(tmp_path):
+    from d3d.train.dflash import DFlashTrainConfig, train_dflash
+    from d3d.train.target import train_target
+    from test_train_target import tiny_config
+
+    tcfg = tiny_config(tmp_path, steps=10, hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=4,
+                       intermediate_size=128, vocab_size=320, max_positions=256)
+    train_target(tcfg, log=lambda *_: None)
+    cfg = DFlashTrainConfig(target=tcfg.out, out=str(tmp_path / "dflash"), corpus=tcfg.corpus,
+                            heldout_fraction=tcfg.heldout_fraction, num_layers=2, block_size=4, n_sequences=16,
+                            prompt_len=8, gen_len=24, blocks_per_sequence=3, batch_size=4, steps=6, eval_every=6,
+                            eval_prompts=2, eval_new_tokens=8, log_every=100)
+    summary = train_dflash(cfg, log=lambda *_: None)
+    assert summary["steps_done"] == 6 and summary["history"][0]["tau"] >= 1.0
+    import d3d
+    from d3d.dflash import load_dflash
+
+    target = d3d.load_model(tcfg.out)
+    drafter = load_dflash(cfg.out, target)
+    assert drafter.dcfg.target_layer_ids == (1, 1)

@@ -1,0 +1,223 @@
+"""Training the DFlash baseline drafter (``python -m d3d train-dflash``), on the same data and
+budget as the D3D drafter (``d3d.train.drafter``): the target's greedy continuations.
+
+DFlash's recipe: pick random anchors in each sequence; the block after each anchor is
+``[x_anchor, mask x (B-1)]``; a block's queries see the target context (fused hidden states)
+of the tokens *strictly before* its anchor plus their own block; the loss on the k-th drafted
+position is weighted exp(-(k-1)/γ). The target runs without gradients to provide the hidden
+states; the drafter shares (and freezes) the target's embedding and LM head.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..checkpoint import load_model
+from ..dflash import DFlashConfig, DFlashDrafter, save_dflash, target_layer_ids
+from ..engines import generate
+from ..model import apply_rope
+from ..tokenizer import Tokenizer
+from .common import Progress, batch_generator, cosine_lr, make_optimizer
+from .drafter import heldout_prompts, make_training_data
+
+
+@dataclass
+class DFlashTrainConfig:
+    target: str
+    out: str
+    corpus: str | None = None
+    heldout_fraction: float = 0.05
+    num_layers: int = 3
+    block_size: int = 16
+    n_sequences: int = 3072
+    prompt_len: int = 32
+    gen_len: int = 224
+    blocks_per_sequence: int = 8
+    batch_size: int = 8
+    steps: int = 2500
+    lr: float = 2e-3
+    warmup: int = 100
+    grad_clip: float = 1.0
+    gamma: float = 7.0
+    eval_every: int = 500
+    eval_prompts: int = 8
+    eval_new_tokens: int = 64
+    log_every: int = 25
+    seed: int = 0
+    data_dir: str | None = None  # where the target continuations are cached (default OUT/data)
+    stop_after: int | None = None
+
+
+def block_hidden(drafter: DFlashDrafter, hidden: list[torch.Tensor], x0: torch.Tensor, anchors: torch.Tensor,
+                 block_size: int) -> torch.Tensor:
+    """Drafter outputs [b, m, B, d] for the blocks ``[x0[a], mask x (B-1)]`` at ``anchors`` [b, m].
+
+    Dense training form of ``DFlashDrafter.draft``: one SDPA call per layer whose keys are the
+    context of every position plus all blocks, masked so block j sees context < anchor_j and
+    itself (tested equal to the cached inference pass).
+    """
+    b, L = x0.shape
+    m, B, d = anchors.shape[1], block_size, drafter.cfg
+    ctx = drafter.context(hidden)  # [b, L, hidden]
+    pos = (anchors[..., None] + torch.arange(B)).view(b, m * B)
+    ids = torch.full((b, m, B), drafter.dcfg.mask_token_id, dtype=torch.long)
+    ids[..., 0] = torch.gather(x0, 1, anchors)
+    see_ctx = torch.arange(L)[None, None, :] < anchors.repeat_interleave(B, dim=1)[..., None]  # [b, mB, L]
+    blk = torch.arange(m).repeat_interleave(B)
+    see_blk = (blk[:, None] == blk[None, :]).expand(b, -1, -1)
+    mask = torch.cat([see_ctx, see_blk], dim=2)[:, None]  # [b, 1, mB, L + mB]
+    cos, sin = drafter.model.rope()
+    cos_c, sin_c = cos[:L][None, :, None], sin[:L][None, :, None]
+    cos_b, sin_b = cos[pos][:, :, None], sin[pos][:, :, None]
+    x = drafter.model.embed_tokens(ids.view(b, m * B))
+    H, Hkv, D = d.num_attention_heads, d.num_key_value_heads, d.head_dim
+    for layer in drafter.model.layers:
+        attn = layer.self_attn
+        _, kc, vc = attn.qkv_proj(ctx).split([d.q_size, d.kv_size, d.kv_size], dim=-1)
+        kc, vc = kc.view(b, L, Hkv, D), vc.view(b, L, Hkv, D)
+        h = layer.input_layernorm(x)
+        q, k, v = attn.qkv_proj(h).split([d.q_size, d.kv_size, d.kv_size], dim=-1)
+        q, k, v = q.view(b, m * B, H, D), k.view(b, m * B, Hkv, D), v.view(b, m * B, Hkv, D)
+        if d.qk_norm:
+            q, k, kc = attn.q_norm(q), attn.k_norm(k), attn.k_norm(kc)
+        q, k, kc = apply_rope(q, cos_b, sin_b), apply_rope(k, cos_b, sin_b), apply_rope(kc, cos_c, sin_c)
+        keys, values = torch.cat([kc, k], 1), torch.cat([vc, v], 1)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                           attn_mask=mask, enable_gqa=H != Hkv).transpose(1, 2)
+        x = x + attn.o_proj(o.reshape(b, m * B, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return drafter.model.norm(x).view(b, m, B, -1)
+
+
+def dflash_loss(drafter: DFlashDrafter, target, x0: torch.Tensor, cfg: DFlashTrainConfig, gen: torch.Generator):
+    b, L = x0.shape
+    B, m = cfg.block_size, cfg.blocks_per_sequence
+    with torch.no_grad():
+        _, hidden = target(x0, hidden_layers=drafter.hidden_layers)
+    # anchors in the continuation, leaving room for a whole block after each
+    anchors = torch.randint(cfg.prompt_len, L - B + 1, (b, m), generator=gen)
+    pos = (anchors[..., None] + torch.arange(B)).view(b, m * B)
+    labels = torch.gather(x0, 1, pos).view(b, m, B)[:, :, 1:]
+    logits = F.linear(block_hidden(drafter, hidden, x0, anchors, B)[:, :, 1:], drafter.model.output_weight())
+    weight = torch.exp(-torch.arange(B - 1).float() / cfg.gamma).expand(b, m, B - 1)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    return (ce * weight.reshape(-1)).sum() / weight.sum()
+
+
+def measure_dflash_tau(target, drafter, prompts, max_new_tokens, block_size) -> float:
+    out = generate(target, prompts, max_new_tokens=max_new_tokens, mode="dflash", drafter=drafter,
+                   block_size=block_size, stop_ids=[])
+    return out.stats.tau
+
+
+def train_dflash(cfg: DFlashTrainConfig, log=print) -> dict:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = load_model(cfg.target).requires_grad_(False)
+    tok = Tokenizer.load(cfg.target)
+    data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
+                              cfg.gen_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else out / "data", log=log)
+    mask_id = tok.token_id("<|mask|>")
+    ids = tuple(target_layer_ids(target.cfg.num_hidden_layers, cfg.num_layers))
+    dcfg = DFlashConfig(block_size=cfg.block_size, mask_token_id=mask_id, target_vocab=target.cfg.vocab_size,
+                        target_layer_ids=ids)
+    drafter = DFlashDrafter(target.cfg.replace(num_hidden_layers=cfg.num_layers, extra={}), dcfg, target)
+    # same start as the D3D drafter: evenly spaced target layers, the target's final norm
+    L = target.cfg.num_hidden_layers
+    for i in range(cfg.num_layers):
+        j = round(i * (L - 1) / max(1, cfg.num_layers - 1))
+        drafter.model.layers[i].load_state_dict(target.layers[j].state_dict())
+    drafter.model.norm.load_state_dict(target.norm.state_dict())
+    trainable = [p for n, p in drafter.named_parameters() if not n.startswith(("model.embed_tokens", "model.lm_head"))]
+    for p in drafter.parameters():
+        p.requires_grad_(False)
+    for p in trainable:
+        p.requires_grad_(True)
+    optimizer = make_optimizer(drafter, cfg.lr, 0.0)
+    n_train = sum(p.numel() for p in trainable)
+    log(f"DFlash drafter: {cfg.num_layers} layers reading target layers {list(ids)}, {n_train / 1e6:.2f}M trainable")
+    prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
+    progress = Progress(cfg.steps)
+    history, losses, t0 = [], [], time.perf_counter()
+    for step in range(cfg.steps):
+        gen = batch_generator(cfg.seed, step)
+        idx = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
+        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        drafter.train()
+        loss = dflash_loss(drafter, target, data[idx], cfg, gen)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        last = step + 1 == cfg.steps or (cfg.stop_after is not None and len(losses) >= cfg.stop_after)
+        if (step + 1) % cfg.log_every == 0 or last:
+            progress.report(step, (step + 1) * cfg.batch_size * data.shape[1], loss=losses[-1], lr=lr)
+        if (step + 1) % cfg.eval_every == 0 or last:
+            drafter.eval()
+            tau = measure_dflash_tau(target, drafter, prompts, cfg.eval_new_tokens, cfg.block_size)
+            history.append({"step": step + 1, "loss": losses[-1], "tau": tau})
+            log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {tau:.3f}")
+            save_dflash(drafter, out)  # a usable drafter at every evaluation
+            summary = {"config": asdict(cfg), "trainable_parameters": n_train, "steps_done": step + 1,
+                       "train_seconds": time.perf_counter() - t0, "history": history}
+            (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if last:
+            break
+    return summary
+
+
+def write_dflash_card(out: str | Path, command: str, evaluation: dict) -> str:
+    """``out/README.md`` for a trained DFlash drafter (evaluation: {set: {tau, rounds, prompts}})."""
+    out = Path(out)
+    summary = json.loads((out / "train_summary.json").read_text())
+    cfg, raw = summary["config"], json.loads((out / "config.json").read_text())
+    hist = "\n".join(f"| {r['step']} | {r['loss']:.3f} | {r['tau']:.3f} |" for r in summary["history"])
+    ev = "\n".join(f"| {k} | {v['prompts']} | {v['tau']:.3f} | {v['rounds']} |" for k, v in evaluation.items())
+    card = f"""# {out.name}: the DFlash baseline drafter for target-12m
+
+The DFlash-style drafter (arXiv 2602.06036) trained for the same target, on the same data and
+with the same budget as `d3d-drafter-12m`, so the two methods can be compared side by side
+(`python -m bench speculative --modes ar sync async dflash`). {raw['num_hidden_layers']} Qwen3 layers of the target's shape;
+the target's embedding and LM head are shared (not stored here): load with
+`d3d.dflash.load_dflash(dir, target)`. Conditioning: the outputs of target layers
+{raw['dflash']['target_layer_ids']} (DFlash's rule for a {cfg['num_layers']}-layer drafter on a 6-layer target), concatenated,
+projected by a bias-free linear layer and RMS-normed, injected as extra keys/values in every
+drafter layer. Block size {raw['dflash']['block_size']}.
+
+| | |
+|---|---|
+| trainable parameters | {summary['trainable_parameters'] / 1e6:.2f}M (layers + the {len(raw['dflash']['target_layer_ids'])}x384 -> 384 context projection) |
+| data | the 3072 target continuations cached by the D3D drafter's run (same prompts, same target) |
+| objective | DFlash: {cfg['blocks_per_sequence']} random anchors per sequence in the continuation, block `[anchor, mask x {cfg['block_size'] - 1}]`, context strictly before the anchor, weight exp(-(k-1)/{cfg['gamma']}) |
+| training | {summary['steps_done']} of {cfg['steps']} steps x {cfg['batch_size']} sequences, AdamW lr {cfg['lr']} (cosine, {cfg['warmup']} warm-up), initialised from target layers like the D3D drafter |
+| time | {summary['train_seconds'] / 60:.0f} min on the 2-core CPU |
+
+Reproduce:
+
+```bash
+{command}
+```
+
+## τ at B = 16, T = 0 (dflash engine, 128 new tokens per prompt)
+
+| prompts | n | τ | rounds |
+|---|---|---|---|
+{ev}
+
+## τ during training (8 held-out prompts, 64 new tokens)
+
+| step | loss | τ |
+|---|---|---|
+{hist}
+"""
+    (out / "README.md").write_text(card)
+    return card
