@@ -147,6 +147,12 @@ class _Output:
     def active(self) -> list[int]:
         return [i for i, d in enumerate(self.done) if not d]
 
+    def finish(self, stats: "GenerationStats", decode_seconds: float) -> "GenerationOutput":
+        stats.decode_seconds = decode_seconds
+        stats.num_generated = [len(t) for t in self.tokens]
+        stats.stopped = self.stopped
+        return GenerationOutput(self.tokens, stats)
+
 
 @torch.inference_mode()
 def generate_ar(
@@ -188,10 +194,7 @@ def generate_ar(
         logits = model(torch.tensor(last, device=model.device), layout, cache)
         next_ids = sample_next(logits, temperature, top_k, top_p, gen).tolist()
         stats.target_forwards += 1
-    stats.decode_seconds = time.perf_counter() - t1
-    stats.num_generated = [len(t) for t in out.tokens]
-    stats.stopped = out.stopped
-    return GenerationOutput(out.tokens, stats)
+    return out.finish(stats, time.perf_counter() - t1)
 
 
 @dataclass
@@ -419,10 +422,7 @@ def generate_speculative(
         rnd += 1
     if pool is not None:
         pool.shutdown()
-    stats.decode_seconds = clock.now() - stats.prefill_seconds
-    stats.num_generated = [len(t) for t in out.tokens]
-    stats.stopped = out.stopped
-    return GenerationOutput(out.tokens, stats)
+    return out.finish(stats, clock.now() - stats.prefill_seconds)
 
 
 @torch.inference_mode()
@@ -499,10 +499,7 @@ def generate_dflash(
             committed[i].extend(new)
             out.commit(i, new)
         rnd += 1
-    stats.decode_seconds = clock.now() - stats.prefill_seconds
-    stats.num_generated = [len(t) for t in out.tokens]
-    stats.stopped = out.stopped
-    return GenerationOutput(out.tokens, stats)
+    return out.finish(stats, clock.now() - stats.prefill_seconds)
 
 
 MODES = ("ar", "sync", "async", "dflash")
