@@ -151,44 +151,48 @@ def cmd_init(args) -> int:
     return 0
 
 
-def cmd_train_target(args) -> int:
-    import torch
+def log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
+
+def add_config_args(parser, defaults, ints: tuple[str, ...], floats: tuple[str, ...]) -> None:
+    """``--some-field`` options for dataclass fields, defaulting to the dataclass's values."""
+    for names, typ in ((ints, int), (floats, float)):
+        for name in names:
+            parser.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(defaults, name))
+
+
+def config_from_args(cls, args, **overrides):
+    """Build a training config dataclass from parsed arguments (``--threads`` applied on the way)."""
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    fields = {k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__ and v is not None}
+    return cls(**{**fields, **overrides})
+
+
+def cmd_train_target(args) -> int:
     from d3d.train.target import TargetTrainConfig, train_target
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    fields = {k: v for k, v in vars(args).items() if k in TargetTrainConfig.__dataclass_fields__ and v is not None}
-    summary = train_target(TargetTrainConfig(**fields), resume=args.resume,
-                           log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    summary = train_target(config_from_args(TargetTrainConfig, args), resume=args.resume, log=log_stderr)
     print(json.dumps({k: summary[k] for k in ("parameters", "heldout", "train_seconds_this_run")}))
     return 0
 
 
 def cmd_train_drafter(args) -> int:
-    import torch
-
     from d3d.train.drafter import DrafterTrainConfig, train_drafter
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    fields = {k: v for k, v in vars(args).items() if k in DrafterTrainConfig.__dataclass_fields__ and v is not None}
-    fields["shared_embeddings"] = not args.own_embeddings
-    summary = train_drafter(DrafterTrainConfig(**fields), resume=args.resume,
-                            log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    cfg = config_from_args(DrafterTrainConfig, args, shared_embeddings=not args.own_embeddings)
+    summary = train_drafter(cfg, resume=args.resume, log=log_stderr)
     print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
     return 0
 
 
 def cmd_train_dflash(args) -> int:
-    import torch
-
     from d3d.train.dflash import DFlashTrainConfig, train_dflash
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    fields = {k: v for k, v in vars(args).items() if k in DFlashTrainConfig.__dataclass_fields__ and v is not None}
-    summary = train_dflash(DFlashTrainConfig(**fields), log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    summary = train_dflash(config_from_args(DFlashTrainConfig, args), log=log_stderr)
     print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
     return 0
 
@@ -196,7 +200,7 @@ def cmd_train_dflash(args) -> int:
 def cmd_convert_gguf(args) -> int:
     from d3d.gguf import convert_gguf
 
-    convert_gguf(args.src, args.out, args.tokenizer, log=lambda msg: print(msg, file=sys.stderr))
+    convert_gguf(args.src, args.out, args.tokenizer, log=log_stderr)
     return 0
 
 
@@ -215,7 +219,7 @@ def cmd_prune(args) -> int:
     def measure(d):
         return measure_tau(target, d, prompts, args.new_tokens)["tau"]
 
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log = log_stderr
     before = measure(drafter)
     log(f"τ before: {before:.3f} ({drafter.cfg.num_hidden_layers} layers)")
     report = {"tau_before": before, "layers_before": drafter.cfg.num_hidden_layers}
@@ -298,12 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--corpus", help="directory of .py files (default: the standard library)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     t.add_argument("--threads", type=positive_int, help="torch CPU threads")
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                 "intermediate_size", "seq_len", "batch_size", "steps", "warmup", "eval_every", "save_every",
-                 "log_every", "seed"):
-        t.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    for name in ("lr", "weight_decay", "grad_clip", "heldout_fraction"):
-        t.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    add_config_args(t, d, ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                           "intermediate_size", "seq_len", "batch_size", "steps", "warmup", "eval_every",
+                           "save_every", "log_every", "seed"),
+                    ("lr", "weight_decay", "grad_clip", "heldout_fraction"))
     t.set_defaults(fn=cmd_train_target)
 
     from d3d.train.drafter import DrafterTrainConfig
@@ -322,11 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=positive_int, help="torch CPU threads")
     r.add_argument("--own-embeddings", action="store_true",
                    help="train the drafter's own embedding/LM head (default: share the target's, frozen)")
-    for name in ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "batch_size", "steps", "warmup",
-                 "eval_every", "eval_prompts", "eval_new_tokens", "log_every", "save_every", "seed"):
-        r.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(dd, name))
-    for name in ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"):
-        r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(dd, name))
+    add_config_args(r, dd, ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "batch_size", "steps",
+                            "warmup", "eval_every", "eval_prompts", "eval_new_tokens", "log_every", "save_every",
+                            "seed"),
+                    ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"))
     r.set_defaults(fn=cmd_train_drafter)
 
     from d3d.train.dflash import DFlashTrainConfig
@@ -342,12 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--data-dir", help="where target continuations are cached (default OUT/data; point it at a "
                                       "train-drafter run's data directory to reuse them)")
     f.add_argument("--threads", type=positive_int, help="torch CPU threads")
-    for name in ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "blocks_per_sequence",
-                 "batch_size", "steps", "warmup", "eval_every", "eval_prompts", "eval_new_tokens", "log_every",
-                 "seed", "stop_after"):
-        f.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(df, name))
-    for name in ("lr", "grad_clip", "gamma", "heldout_fraction"):
-        f.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(df, name))
+    add_config_args(f, df, ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "blocks_per_sequence",
+                            "batch_size", "steps", "warmup", "eval_every", "eval_prompts", "eval_new_tokens",
+                            "log_every", "seed", "stop_after"),
+                    ("lr", "grad_clip", "gamma", "heldout_fraction"))
     f.set_defaults(fn=cmd_train_dflash)
 
     c = sub.add_parser("convert-gguf", help="dequantize a Qwen2/Qwen3 GGUF into a HF-layout directory",

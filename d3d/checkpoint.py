@@ -120,6 +120,27 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
     return out
 
 
+SHARED_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
+
+
+def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
+               extra: dict[str, tuple[int, ...]] | None = None) -> tuple[dict, dict]:
+    """Read the weights of ``cfg`` from ``path`` through the name map, shape-checked.
+
+    skip: our parameter names not stored in the files (a drafter's shared embedding/LM head).
+    extra: further HF tensors (name -> shape) the files must hold (a DFlash projection).
+    Returns ``(state under our names with fused projections joined, extra tensors)``.
+    """
+    nmap = {k: v for k, v in name_map(cfg).items() if k not in skip}
+    wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
+    wanted.update(extra or {})
+    optional = {"lm_head.weight"} if cfg.tie_word_embeddings and not skip else set()  # a tied copy may be stored
+    tensors = read_tensors(path, wanted, optional)
+    state = {ours: torch.cat([tensors[hf] for hf, _ in parts]) if len(parts) > 1 else tensors[parts[0][0]]
+             for ours, parts in nmap.items()}
+    return state, {k: tensors[k] for k in (extra or {})}
+
+
 def load_model(
     path: str | Path,
     dtype: str | torch.dtype | None = None,
@@ -136,14 +157,9 @@ def load_model(
     cfg = cfg or ModelConfig.load(path)
     device = torch.device(device)
     dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else parse_dtype(cfg.torch_dtype, "config torch_dtype"))
-    nmap = name_map(cfg)
-    wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
-    optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
-    tensors = read_tensors(path, wanted, optional)
+    state, _ = read_state(path, cfg)
     with torch.device("meta"):
         model = Transformer(cfg)
-    state = {ours: torch.cat([tensors[hf] for hf, _ in parts], dim=0) if len(parts) > 1 else tensors[parts[0][0]]
-             for ours, parts in nmap.items()}
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import KVCache, make_layout
-from .checkpoint import name_map, read_tensors, save_model
+from .checkpoint import SHARED_EMBEDDINGS, read_state, save_model
 from .config import ModelConfig
 from .kernels.attention import packed_attention
 from .model import RMSNorm, Transformer, apply_rope
@@ -149,9 +149,6 @@ class DFlashDrafter(nn.Module):
 
 # ----------------------------------------------------------------------------- files
 
-_EXTRA = {"fc.weight", "hidden_norm.weight"}
-
-
 def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype=None) -> None:
     path = Path(path)
     save_model(drafter.model, path, dtype=dtype, exclude=("model.embed_tokens.weight", "lm_head.weight"))
@@ -181,13 +178,10 @@ def load_dflash(path: str | Path, target: Transformer) -> DFlashDrafter:
     if bad or not dcfg.target_layer_ids:
         raise ValueError(f"{source}: target_layer_ids {list(dcfg.target_layer_ids)} invalid for a "
                          f"{target.cfg.num_hidden_layers}-layer target")
-    nmap = {k: v for k, v in name_map(cfg).items() if k not in ("embed_tokens.weight", "lm_head.weight")}
-    wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
-    wanted["fc.weight"] = (cfg.hidden_size, len(dcfg.target_layer_ids) * cfg.hidden_size)
-    wanted["hidden_norm.weight"] = (cfg.hidden_size,)
-    tensors = read_tensors(path, wanted)
+    state, tensors = read_state(path, cfg, skip=SHARED_EMBEDDINGS, extra={
+        "fc.weight": (cfg.hidden_size, len(dcfg.target_layer_ids) * cfg.hidden_size),
+        "hidden_norm.weight": (cfg.hidden_size,)})
     drafter = DFlashDrafter(cfg, dcfg, target).to(target.device)
-    state = {ours: torch.cat([tensors[hf] for hf, _ in parts]) for ours, parts in nmap.items()}
     drafter.model.load_state_dict(state, strict=False)
     drafter.fc.weight.data.copy_(tensors["fc.weight"])
     drafter.hidden_norm.weight.data.copy_(tensors["hidden_norm.weight"])

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .cache import KVCache
-from .checkpoint import name_map, parse_dtype, read_tensors, save_model
+from .checkpoint import SHARED_EMBEDDINGS, parse_dtype, read_state, save_model
 from .config import ModelConfig
 from .kernels.denoise import denoise_step
 from .model import Transformer
@@ -208,14 +208,10 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
         raise ValueError(f"{source}: this drafter shares the target's embeddings; pass target=")
     device = torch.device(device) if device is not None else (target.device if target is not None else torch.device("cpu"))
     dtype = parse_dtype(dtype) or (target.dtype if target is not None else torch.float32)
-    nmap = name_map(cfg)
-    if dcfg.shared_embeddings:
-        nmap = {k: v for k, v in nmap.items() if k not in ("embed_tokens.weight", "lm_head.weight")}
-    wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
-    tensors = read_tensors(path, wanted)
+    state, _ = read_state(path, cfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else ())
     with torch.device("meta"):
         model = Transformer(cfg)
-    state = {ours: torch.cat([tensors[hf] for hf, _ in parts]).to(device, dtype) for ours, parts in nmap.items()}
+    state = {k: v.to(device, dtype) for k, v in state.items()}
     if dcfg.shared_embeddings:
         model.embed_tokens = target.embed_tokens
         model.lm_head = target.lm_head if not cfg.tie_word_embeddings else None

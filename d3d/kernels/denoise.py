@@ -488,6 +488,18 @@ def _check_args(logits, tokens, masked, confidence, temperature, rule, threshold
         raise ValueError(f"threshold: expected a value in [0, 1], got {threshold}")
 
 
+def _prepare(logits, tokens, masked, confidence, temperature, seed, rule, threshold, k) -> dict:
+    """Check the arguments; the scalar arguments both paths take."""
+    _check_args(logits, tokens, masked, confidence, temperature, rule, threshold, k)
+    return dict(
+        inv_t=f32(1.0 / temperature) if temperature > 0 else None,
+        key=stream_key(seed, STREAM_DENOISE),
+        rule_id=_RULE_ID[rule],
+        threshold=f32(threshold),  # both paths compare against the same fp32 value
+        k=int(k),
+    )
+
+
 def denoise_step(
     logits: torch.Tensor,
     tokens: torch.Tensor,
@@ -525,14 +537,7 @@ def denoise_step(
     Dispatch: the Triton kernel for CUDA tensors, the torch path otherwise (``D3D_KERNELS``
     overrides, see ``d3d.kernels``).
     """
-    _check_args(logits, tokens, masked, confidence, temperature, rule, threshold, k)
-    kw = dict(
-        inv_t=f32(1.0 / temperature) if temperature > 0 else None,
-        key=stream_key(seed, STREAM_DENOISE),
-        rule_id=_RULE_ID[rule],
-        threshold=f32(threshold),  # both paths compare against the same fp32 value
-        k=int(k),
-    )
+    kw = _prepare(logits, tokens, masked, confidence, temperature, seed, rule, threshold, k)
     if use_triton(logits):
         return _denoise_triton(logits, tokens, masked, confidence, **kw)
     return _denoise_torch(logits, tokens, masked, confidence, **kw)
@@ -551,10 +556,5 @@ def denoise_step_torch(
     confidence: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``denoise_step`` on the torch path whatever the backend setting (the reference)."""
-    _check_args(logits, tokens, masked, confidence, temperature, rule, threshold, k)
-    return _denoise_torch(
-        logits, tokens, masked, confidence,
-        inv_t=f32(1.0 / temperature) if temperature > 0 else None,
-        key=stream_key(seed, STREAM_DENOISE), rule_id=_RULE_ID[rule], threshold=f32(threshold),
-        k=int(k),
-    )
+    kw = _prepare(logits, tokens, masked, confidence, temperature, seed, rule, threshold, k)
+    return _denoise_torch(logits, tokens, masked, confidence, **kw)

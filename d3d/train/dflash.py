@@ -24,7 +24,7 @@ from ..engines import generate
 from ..model import apply_rope
 from ..tokenizer import Tokenizer
 from .common import Progress, batch_generator, cosine_lr, make_optimizer
-from .drafter import heldout_prompts, make_training_data
+from .drafter import heldout_prompts, init_from_target_layers, make_training_data
 
 
 @dataclass
@@ -128,12 +128,7 @@ def train_dflash(cfg: DFlashTrainConfig, log=print) -> dict:
     dcfg = DFlashConfig(block_size=cfg.block_size, mask_token_id=mask_id, target_vocab=target.cfg.vocab_size,
                         target_layer_ids=ids)
     drafter = DFlashDrafter(target.cfg.replace(num_hidden_layers=cfg.num_layers, extra={}), dcfg, target)
-    # same start as the D3D drafter: evenly spaced target layers, the target's final norm
-    L = target.cfg.num_hidden_layers
-    for i in range(cfg.num_layers):
-        j = round(i * (L - 1) / max(1, cfg.num_layers - 1))
-        drafter.model.layers[i].load_state_dict(target.layers[j].state_dict())
-    drafter.model.norm.load_state_dict(target.norm.state_dict())
+    init_from_target_layers(drafter.model, target)  # the same start as the D3D drafter
     trainable = [p for n, p in drafter.named_parameters() if not n.startswith(("model.embed_tokens", "model.lm_head"))]
     for p in drafter.parameters():
         p.requires_grad_(False)

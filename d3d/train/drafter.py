@@ -193,6 +193,15 @@ class DrafterTrainConfig:
     stop_after: int | None = None
 
 
+def init_from_target_layers(model: Transformer, target: Transformer) -> None:
+    """Copy evenly spaced target layers (first and last included) and the final norm into a
+    drafter of the target's layer shape: a representation-compatible start."""
+    n, L = model.cfg.num_hidden_layers, target.cfg.num_hidden_layers
+    for i in range(n):
+        model.layers[i].load_state_dict(target.layers[round(i * (L - 1) / max(1, n - 1))].state_dict())
+    model.norm.load_state_dict(target.norm.state_dict())
+
+
 def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig) -> Drafter:
     mask_id = tok.token_id("<|mask|>")
     if mask_id is None:
@@ -204,12 +213,7 @@ def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig) 
     model = Transformer(drafter_model_config(target.cfg, cfg.num_layers, dcfg))
     src = model.state_dict()
     if cfg.init_from_target:
-        # Evenly spaced target layers (first and last included): a representation-compatible start.
-        L = target.cfg.num_hidden_layers
-        picks = [round(i * (L - 1) / max(1, cfg.num_layers - 1)) for i in range(cfg.num_layers)]
-        for i, j in enumerate(picks):
-            model.layers[i].load_state_dict(target.layers[j].state_dict())
-        model.norm.load_state_dict(target.norm.state_dict())
+        init_from_target_layers(model, target)
     else:
         gen = torch.Generator().manual_seed(cfg.seed)
         for name, p in src.items():
