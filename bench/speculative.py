@@ -28,7 +28,7 @@ from common import compare_table, load_json, machine, markdown_table, write_json
 
 import d3d  # noqa: E402
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir  # noqa: E402
-from d3d.prompts import PROMPT_SETS, load_prompt_set  # noqa: E402
+from d3d.prompts import CHAT_SETS, PROMPT_SETS, load_prompt_set  # noqa: E402
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
@@ -42,7 +42,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
     if threshold:
         kw["successor_threshold"] = float(threshold)
     t = time.perf_counter()
-    out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[], **kw)
+    out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
     return out, time.perf_counter() - t
 
 
@@ -91,11 +91,16 @@ def main(argv=None) -> int:
     ap.add_argument("--target", help="target directory (default: bundled)")
     ap.add_argument("--drafter", help="drafter directory (default: bundled)")
     ap.add_argument("--dflash", help="DFlash drafter directory for the 'dflash' mode (default: bundled, if present)")
-    ap.add_argument("--sets", nargs="+", default=list(PROMPT_SETS), choices=PROMPT_SETS,
-                    help="prompt sets; a missing optional set is reported (and listed in the JSON), never installed")
+    ap.add_argument("--sets", nargs="+", default=None, choices=PROMPT_SETS,
+                    help="prompt sets (default: all; with --chat: humaneval mtbench); a missing optional set is "
+                         "reported (and listed in the JSON), never installed")
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per code prompt")
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--chat", action="store_true",
+                    help="ask the prompts as user turns in the target's chat format (humaneval, mtbench) and stop "
+                         "at its end-of-turn token, as an instruction-tuned model is used (default: raw text, "
+                         "exactly --new-tokens per prompt)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--modes", nargs="+", default=["ar", "sync", "async", "async:packed@0", "async:thread@0",
                                                    "async:none@0"])
@@ -104,6 +109,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", default=None, help="a previous speculative JSON to compare against")
     ap.add_argument("--plots", default=None, help="directory for PNG plots (needs matplotlib: pip install d3d[plot])")
     args = ap.parse_args(argv)
+    if args.sets is None:
+        args.sets = list(CHAT_SETS if args.chat else PROMPT_SETS)
+    if args.chat and set(args.sets) - set(CHAT_SETS):
+        ap.error(f"--chat: sets {sorted(set(args.sets) - set(CHAT_SETS))} are raw text; chat sets: {', '.join(CHAT_SETS)}")
     if "ar" not in args.modes:
         args.modes.insert(0, "ar")
     if args.threads:
@@ -112,6 +121,7 @@ def main(argv=None) -> int:
     drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
     target = d3d.load_model(target_dir)
     tok = d3d.load_tokenizer(target_dir)
+    args.stop_ids = tok.stop_token_ids() if args.chat else []
     drafter = d3d.load_drafter(drafter_dir, target=target)
     args.dflash_drafter = None
     dflash_dir = Path(args.dflash) if args.dflash else models_dir() / BUNDLED_DFLASH
@@ -125,7 +135,7 @@ def main(argv=None) -> int:
     results, missing = {}, {}
     for name in args.sets:
         try:
-            prompts = load_prompt_set(name, tok, args.n, args.prompt_len)
+            prompts = load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat)
         except FileNotFoundError as e:
             missing[name] = str(e)
             print(f"prompt set {name!r} unavailable: {e}", file=sys.stderr)

@@ -324,9 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=positive_int, help="torch CPU threads")
     r.add_argument("--own-embeddings", action="store_true",
                    help="train the drafter's own embedding/LM head (default: share the target's, frozen)")
+    r.add_argument("--data", choices=("windows", "chat"), default=dd.data,
+                   help="windows: corpus windows + the target's continuation (base models); chat: function "
+                        "header+docstring requests in the chat format + the target's answer (instruct models)")
     add_config_args(r, dd, ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "batch_size", "steps",
                             "warmup", "eval_every", "eval_prompts", "eval_new_tokens", "log_every", "save_every",
-                            "seed"),
+                            "seed", "window", "draft_vocab", "mask_token_id"),
                     ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"))
     r.set_defaults(fn=cmd_train_drafter)
 

@@ -177,15 +177,20 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | None = None,
-               max_shard_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> None:
+               max_shard_bytes: int | None = None, exclude: tuple[str, ...] = (),
+               extra: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``config.json`` and safetensors (sharded with an index when over ``max_shard_bytes``).
 
     ``exclude``: HF tensor names to leave out (a drafter's shared embedding, for instance).
+    ``extra``: further tensors to store under their own names (floating ones cast to ``dtype``,
+    integer ones kept as they are: a drafting vocabulary, a DFlash projection).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     dtype = parse_dtype(dtype) or model.dtype
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in hf_state_dict(model).items() if k not in exclude}
+    for k, v in (extra or {}).items():
+        tensors[k] = v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
     cfg = model.cfg.replace(torch_dtype=str(dtype).removeprefix("torch."))
     cfg.save(path)
     meta = {"format": "pt"}

@@ -151,13 +151,8 @@ class DFlashDrafter(nn.Module):
 
 def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype=None) -> None:
     path = Path(path)
-    save_model(drafter.model, path, dtype=dtype, exclude=("model.embed_tokens.weight", "lm_head.weight"))
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(path / "model.safetensors")
-    tensors["fc.weight"] = drafter.fc.weight.detach().to(tensors["model.norm.weight"].dtype).contiguous()
-    tensors["hidden_norm.weight"] = drafter.hidden_norm.weight.detach().to(tensors["model.norm.weight"].dtype).contiguous()
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    save_model(drafter.model, path, dtype=dtype, exclude=("model.embed_tokens.weight", "lm_head.weight"),
+               extra={"fc.weight": drafter.fc.weight, "hidden_norm.weight": drafter.hidden_norm.weight})
     raw = json.loads((path / "config.json").read_text())
     raw["dflash"] = {**asdict(drafter.dcfg), "target_layer_ids": list(drafter.dcfg.target_layer_ids)}
     (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")

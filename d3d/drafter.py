@@ -15,6 +15,13 @@ Two block shapes are used, and the drafter is trained on both (``d3d.train.draft
                                          the block's first position (the bonus) is a guess
 
 The cache only ever keeps *clean* tokens: after a pass the block is cropped away.
+
+Reduced drafting vocabulary (``draft_vocab_size`` = K > 0, EAGLE-3's trick): the drafter's LM
+head is the rows of the target's LM head for K chosen target ids (the ids the target emits most
+often in the drafter's training data), stored as the int64 tensor ``d3d.draft_vocab`` [K]. The
+drafter scores only those K tokens and maps its picks back to target ids, so the head costs
+K/V of the full one (16k of 152k ids for Qwen2.5). A token outside the K can never be drafted,
+which is lossless (verification decides) but caps acceptance where the target uses rare ids.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class DrafterConfig:
     shared_embeddings: bool = False  # embedding and LM head are the target's (not in the file)
     rule: str = "threshold"  # how multi-step denoising picks positions to commit
     threshold: float = 0.9
+    draft_vocab_size: int = 0  # K > 0: the head scores only K target ids (``d3d.draft_vocab``)
 
     def __post_init__(self):
         if self.block_size < 2:
@@ -56,6 +64,10 @@ class DrafterConfig:
             raise ValueError(f"rule={self.rule!r}: expected one of {RULES}")
         if not 0 <= self.threshold <= 1:
             raise ValueError(f"threshold={self.threshold}: must be in [0, 1]")
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size}: must be >= 0 (0 = the full vocabulary)")
+        if self.draft_vocab_size and not self.shared_embeddings:
+            raise ValueError("draft_vocab_size needs shared_embeddings (the head is a subset of the target's)")
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig, source: str = "config.json") -> "DrafterConfig":
@@ -80,9 +92,10 @@ class DrafterConfig:
 class Drafter:
     """A drafter model plus its drafting procedure. ``model`` is a plain ``Transformer``."""
 
-    def __init__(self, model: Transformer, dcfg: DrafterConfig):
+    def __init__(self, model: Transformer, dcfg: DrafterConfig, vocab_map: torch.Tensor | None = None):
         self.model, self.dcfg = model, dcfg
         self.cfg = model.cfg
+        self.vocab_map = vocab_map  # [K] target id of each drafting-vocabulary entry, or None
 
     @property
     def block_size(self) -> int:
@@ -121,15 +134,19 @@ class Drafter:
         """Denoise from the first pass's ``logits`` ([N * block, V]); re-run the block for later steps."""
         steps = self.dcfg.denoise_steps if steps is None else steps
         n, blk = job.block.shape
+        picks = job.block if self.vocab_map is None else torch.zeros_like(job.block)  # what denoise_step writes
         for step in range(steps):
             for r, end in zip(job.rows, job.clean_end):
                 cache.crop(r, end)  # only clean tokens stay cached
             last = step == steps - 1
             remaining = int(job.masked.sum(dim=1).max())
             rule, k = ("all", 1) if last else (self.dcfg.rule, max(1, math.ceil(remaining / (steps - step))))
-            denoise_step(logits.view(n, blk, -1), job.block, job.masked, temperature=temperature,
+            was_masked = job.masked.clone() if self.vocab_map is not None else None
+            denoise_step(logits.view(n, blk, -1), picks, job.masked, temperature=temperature,
                          seed=seed * 1009 + step, rule=rule, threshold=self.dcfg.threshold, k=k,
                          confidence=job.confidence)
+            if self.vocab_map is not None:  # drafting-vocabulary indices -> target ids
+                job.block.copy_(torch.where(was_masked & ~job.masked, self.vocab_map[picks], job.block))
             if last or not bool(job.masked.any()):
                 break
             # later steps re-run only the blocks, on top of the cached clean runs
@@ -208,7 +225,9 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
         raise ValueError(f"{source}: this drafter shares the target's embeddings; pass target=")
     device = torch.device(device) if device is not None else (target.device if target is not None else torch.device("cpu"))
     dtype = parse_dtype(dtype) or (target.dtype if target is not None else torch.float32)
-    state, _ = read_state(path, cfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else ())
+    K = dcfg.draft_vocab_size
+    state, extra = read_state(path, cfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
+                              extra={DRAFT_VOCAB: (K,)} if K else None)
     with torch.device("meta"):
         model = Transformer(cfg)
     state = {k: v.to(device, dtype) for k, v in state.items()}
@@ -217,21 +236,49 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
         model.lm_head = target.lm_head if not cfg.tie_word_embeddings else None
         if cfg.tie_word_embeddings != target.cfg.tie_word_embeddings:
             raise ValueError(f"{source}: tie_word_embeddings must match the target's when sharing embeddings")
+    vocab_map = None
+    if K:
+        vocab_map = check_draft_vocab(extra[DRAFT_VOCAB], cfg.vocab_size, f"{source}: tensor {DRAFT_VOCAB!r}").to(device)
+        model.lm_head = draft_head(target, vocab_map)
     model.load_state_dict(state, strict=False, assign=True)
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
         raise ValueError(f"{source}: parameters not loaded: {leftover[:5]}")
-    return Drafter(model.eval().requires_grad_(False), dcfg)
+    return Drafter(model.eval().requires_grad_(False), dcfg, vocab_map)
+
+
+DRAFT_VOCAB = "d3d.draft_vocab"
+
+
+def check_draft_vocab(ids: torch.Tensor, vocab_size: int, what: str) -> torch.Tensor:
+    """A drafting vocabulary must be distinct int64 target ids."""
+    if ids.dim() != 1 or ids.dtype != torch.int64:
+        raise ValueError(f"{what}: expected a 1-d int64 tensor, got {ids.dtype} {tuple(ids.shape)}")
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab_size):
+        raise ValueError(f"{what}: ids must lie in [0, {vocab_size})")
+    if ids.unique().numel() != ids.numel():
+        raise ValueError(f"{what}: ids must be distinct")
+    return ids
+
+
+def draft_head(target: Transformer, vocab_map: torch.Tensor) -> torch.nn.Linear:
+    """An LM head over the drafting vocabulary: the target's output rows for ``vocab_map`` (a copy)."""
+    w = target.output_weight().detach()[vocab_map.to(target.device)].clone()
+    head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+    head.weight = torch.nn.Parameter(w, requires_grad=False)
+    return head
 
 
 def save_drafter(drafter: Drafter, path: str | Path, dtype=None) -> None:
     """Write a drafter directory; shared embeddings are left out of the file."""
     path = Path(path)
     save_model(drafter.model, path, dtype=dtype,
-               exclude=("model.embed_tokens.weight", "lm_head.weight") if drafter.dcfg.shared_embeddings else ())
+               exclude=("model.embed_tokens.weight", "lm_head.weight") if drafter.dcfg.shared_embeddings else (),
+               extra={DRAFT_VOCAB: drafter.vocab_map} if drafter.vocab_map is not None else None)
     raw = json.loads((path / "config.json").read_text())
     raw["d3d"] = asdict(drafter.dcfg)
     (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
 
-__all__ = ["Drafter", "DrafterConfig", "DraftJob", "load_drafter", "save_drafter", "drafter_model_config"]
+__all__ = ["Drafter", "DrafterConfig", "DraftJob", "load_drafter", "save_drafter", "drafter_model_config",
+           "draft_head", "DRAFT_VOCAB"]

@@ -81,14 +81,38 @@ def docs_prompts(tok: Tokenizer, n: int, prompt_len: int = 64, seed: int = 1234)
 
 
 PROMPT_SETS = ("code", "humaneval", "mtbench", "docs")
+CHAT_SETS = ("humaneval", "mtbench")  # the sets that are requests, so can be asked in the chat format
+
+# How a piece of code is put to an instruction-tuned model. Template 0 is the benchmark's
+# HumanEval chat format; the drafter's chat training data (d3d.train.chat_data) uses all three.
+CHAT_TEMPLATES = (
+    "Complete the following Python function:\n\n```python\n{code}```",
+    "Implement this Python function so that it does what its docstring says:\n\n```python\n{code}```",
+    "Write the body of this function.\n\n```python\n{code}```",
+)
 
 
-def load_prompt_set(name: str, tok: Tokenizer, n: int, prompt_len: int = 64) -> list[list[int]]:
+def code_request(code: str, template: int = 0) -> list[dict]:
+    """One user message asking to complete ``code`` (a function header + docstring)."""
+    if not code.endswith("\n"):
+        code += "\n"
+    return [{"role": "user", "content": CHAT_TEMPLATES[template].format(code=code)}]
+
+
+def load_prompt_set(name: str, tok: Tokenizer, n: int, prompt_len: int = 64, chat: bool = False) -> list[list[int]]:
+    """Token ids of ``n`` prompts of set ``name``; ``chat``: as user turns in the model's chat format
+    (HumanEval as ``code_request``, MT-Bench questions as they are)."""
+    if chat and name not in CHAT_SETS:
+        raise ValueError(f"prompt set {name!r} is raw text, not requests: chat format applies to {', '.join(CHAT_SETS)}")
     if name == "code":
         return code_prompts(tok, n, prompt_len)
     if name == "humaneval":
+        if chat:
+            return [tok.encode_chat(code_request(p)) for p in humaneval_prompts(n)]
         return [tok.encode(p) for p in humaneval_prompts(n)]
     if name == "mtbench":
+        if chat:
+            return [tok.encode_chat([{"role": "user", "content": q}]) for q in mtbench_prompts(n)]
         return [tok.encode(p) for p in mtbench_prompts(n)]
     if name == "docs":
         return docs_prompts(tok, n, prompt_len)

@@ -171,3 +171,99 @@ def test_pipeline_learns_a_toy_corpus(tmp_path):
         out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter)
         assert out.tokens == ar.tokens
         assert out.stats.tau > 2.0
+
+
+# ----------------------------------------------------------------------------- reduced drafting vocabulary
+
+
+def reduced_drafter(target, ids, seed=13, layers=1, block_size=4):
+    """A shared-embedding drafter whose head scores only the target ids ``ids``."""
+    d = random_drafter(target, block_size=block_size, seed=seed, layers=layers)
+    d.dcfg.shared_embeddings, d.dcfg.draft_vocab_size = True, ids.numel()
+    d.model.embed_tokens = target.embed_tokens
+    d.model.lm_head = drafter_mod.draft_head(target, ids)
+    return drafter_mod.Drafter(d.model, d.dcfg, ids)
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_reduced_vocab_drafts_argmax_over_its_ids(anchored):
+    target = tiny_target(seed=12)
+    ids = torch.randperm(target.cfg.vocab_size - 1, generator=torch.Generator().manual_seed(0))[:17].sort().values
+    small = reduced_drafter(target, ids)
+    full = drafter_mod.Drafter(small.model, small.dcfg)  # same layers, the target's whole head
+    full_model = d3d.model.Transformer(small.cfg)
+    full_model.load_state_dict({k: v for k, v in small.model.state_dict().items() if not k.startswith("lm_head")},
+                               strict=False)
+    full_model.embed_tokens, full_model.lm_head = target.embed_tokens, None
+    full_model.cfg = small.cfg.replace(tie_word_embeddings=True)
+    full.model = full_model.eval()
+    clean = [[5, 9, 2], [7]]
+    anchors = [11, 3] if anchored else None
+    cache_a, cache_b = small.new_cache(2, 64), full.new_cache(2, 64)
+    toks, _ = small.draft(cache_a, [0, 1], clean, anchors, 3)
+    job = full.start(cache_b, [0, 1], clean, anchors, 3)
+    logits = full.model(job.ids, job.layout, cache_b, logits_index=job.index).view(2, job.block.shape[1], -1)
+    ref = ids[logits[..., ids].argmax(-1)][:, job.lead:]
+    assert torch.equal(toks, ref)
+    assert torch.isin(toks, ids).all()
+    assert cache_a.lengths == [3, 1]  # only the clean tokens stay cached
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_reduced_vocab_is_lossless_and_round_trips(tmp_path, steps):
+    target = tiny_target(seed=14)
+    ids = torch.arange(0, target.cfg.vocab_size - 1, 2)  # every other id: drafts often miss
+    d = reduced_drafter(target, ids, layers=2)
+    d.dcfg.denoise_steps = steps
+    save_drafter(d, tmp_path)
+    again = load_drafter(tmp_path, target=target)
+    assert torch.equal(again.vocab_map, ids) and again.model.lm_head.weight.shape == (ids.numel(), 32)
+    torch.testing.assert_close(again.model.lm_head.weight, target.output_weight()[ids])
+    prompt = [[1, 2, 3, 4], [5, 6]]
+    ar = d3d.generate(target, prompt, max_new_tokens=20, stop_ids=[])
+    for mode in ("sync", "async"):
+        out = d3d.generate(target, prompt, max_new_tokens=20, stop_ids=[], mode=mode, drafter=again,
+                           successor_threshold=0.0)
+        assert out.tokens == ar.tokens
+
+
+def test_reduced_vocab_bad_files(tmp_path):
+    target = tiny_target(seed=15)
+    with pytest.raises(ValueError, match="needs shared_embeddings"):
+        drafter_mod.DrafterConfig(mask_token_id=1, target_vocab=48, draft_vocab_size=8)
+    with pytest.raises(ValueError, match="draft_vocab_size=-1"):
+        drafter_mod.DrafterConfig(mask_token_id=1, target_vocab=48, shared_embeddings=True, draft_vocab_size=-1)
+    save_drafter(reduced_drafter(target, torch.arange(8)), tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors[drafter_mod.DRAFT_VOCAB] = torch.tensor([1, 1, 2, 3, 4, 5, 6, 7])
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="d3d.draft_vocab.*distinct"):
+        load_drafter(tmp_path, target=target)
+    tensors[drafter_mod.DRAFT_VOCAB] = torch.arange(9)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="d3d.draft_vocab.*shape"):
+        load_drafter(tmp_path, target=target)
+
+
+def test_bd3_loss_with_label_map_ignores_ids_outside_the_vocabulary():
+    from d3d.train.drafter import bd3_loss, frequent_ids
+
+    target = tiny_target(seed=16)
+    ids = torch.tensor([0, 1, 2, 3, 4])
+    d = reduced_drafter(target, ids, layers=1, block_size=4)
+    x0 = torch.tensor([[0, 1, 2, 3, 4, 40, 41, 42], [1, 1, 1, 1, 1, 1, 1, 1]])
+    label_map = torch.full((target.cfg.vocab_size,), -1)
+    label_map[ids] = torch.arange(5)
+    mask = training_mask(8, 4)
+    loss = bd3_loss(d.model, x0, torch.ones(2, 8), mask, 4, 47, (1.0, 0.0, 0.0), 7.0, torch.Generator(), label_map)
+    assert torch.isfinite(loss) and loss > 0
+    # ids 40-42 fall outside the vocabulary: only the rows' other positions are supervised, so
+    # masking them out of loss_mask changes nothing
+    lm = torch.ones(2, 8)
+    lm[0, 5:] = 0
+    again = bd3_loss(d.model, x0, lm, mask, 4, 47, (1.0, 0.0, 0.0), 7.0, torch.Generator(), label_map)
+    torch.testing.assert_close(loss, again)
+    counts = frequent_ids(torch.tensor([[3, 3, 3, 9, 9, 1]]), torch.tensor([[1, 1, 1, 1, 1, 0]]), 2, 12)
+    assert counts.tolist() == [3, 9]

@@ -27,13 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoint import load_model
-from ..drafter import Drafter, DrafterConfig, drafter_model_config, save_drafter
+from ..drafter import Drafter, DrafterConfig, draft_head, drafter_model_config, save_drafter
 from ..engines import generate
 from ..kernels.attention import bd3_training_mask
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .common import (Progress, batch_generator, cosine_lr, load_training_state, make_optimizer,
                      save_training_state)
+from .chat_data import chat_prompts, make_chat_training_data
 from .corpus import find_corpus, read_texts
 
 BLOCK_KINDS = ("all-mask", "anchored", "partial")
@@ -75,17 +76,23 @@ def noise_blocks(x0: torch.Tensor, block_size: int, mask_id: int, mix: tuple[flo
 
 
 def bd3_loss(model: Transformer, x0: torch.Tensor, loss_mask: torch.Tensor, attn_mask: torch.Tensor,
-             block_size: int, mask_id: int, mix, gamma: float, gen: torch.Generator) -> torch.Tensor:
-    """Weighted cross-entropy on the masked positions of ``x_t`` (see the module docstring)."""
+             block_size: int, mask_id: int, mix, gamma: float, gen: torch.Generator,
+             label_map: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted cross-entropy on the masked positions of ``x_t`` (see the module docstring).
+
+    loss_mask: ``[L]`` or ``[batch, L]`` (1 where a token is supervised). label_map: ``[V]``
+    target id -> drafting-vocabulary index (-1 outside it: not supervised), for a reduced head.
+    """
     b, L = x0.shape
     xt, weight = noise_blocks(x0, block_size, mask_id, mix, gamma, gen)
-    weight = weight * loss_mask
+    labels = x0 if label_map is None else label_map[x0]
+    weight = weight * loss_mask * (labels >= 0)
     positions = torch.arange(L).repeat(2)
     sel = weight.flatten().nonzero().squeeze(1)
     rows = sel // L * (2 * L) + sel % L  # index of each selected x_t position in the [b, 2L] input
     logits = model(torch.cat([xt, x0], dim=1), attn_mask=attn_mask, positions=positions,
                    logits_index=rows)
-    ce = F.cross_entropy(logits.float(), x0.flatten()[sel], reduction="none")
+    ce = F.cross_entropy(logits.float(), labels.flatten()[sel], reduction="none")
     w = weight.flatten()[sel]
     return (ce * w).sum() / w.sum()
 
@@ -147,12 +154,13 @@ def heldout_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: f
 
 
 def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int,
-                block_size: int | None = None, batch: int = 8) -> dict:
-    """Greedy sync speculative decoding over ``prompts``: τ and the acceptance histogram."""
+                block_size: int | None = None, batch: int = 8, stop_ids=()) -> dict:
+    """Greedy sync speculative decoding over ``prompts``: τ and the acceptance histogram
+    (``stop_ids``: end generation there, e.g. a chat model's end-of-turn token)."""
     hist, rounds = None, 0
     for i in range(0, len(prompts), batch):
         out = generate(target, prompts[i: i + batch], max_new_tokens=max_new_tokens, mode="sync",
-                       drafter=drafter, block_size=block_size, stop_ids=[])
+                       drafter=drafter, block_size=block_size, stop_ids=list(stop_ids))
         hist = out.stats.accept_hist if hist is None else [a + b for a, b in zip(hist, out.stats.accept_hist)]
         rounds += out.stats.rounds
     tau = sum((a + 1) * c for a, c in enumerate(hist)) / rounds
@@ -191,6 +199,10 @@ class DrafterTrainConfig:
     save_every: int = 100
     seed: int = 0
     stop_after: int | None = None
+    data: str = "windows"  # "windows": corpus windows + continuation; "chat": chat requests + answers
+    window: int = 256  # chat data: tokens per training row (last `window` of prompt + answer)
+    draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
+    mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
 
 
 def init_from_target_layers(model: Transformer, target: Transformer) -> None:
@@ -202,12 +214,35 @@ def init_from_target_layers(model: Transformer, target: Transformer) -> None:
     model.norm.load_state_dict(target.norm.state_dict())
 
 
-def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig) -> Drafter:
+def pick_mask_id(tok: Tokenizer, vocab_size: int, asked: int = -1) -> int:
+    """The drafter's mask token: ``asked``, else ``<|mask|>``, else the first embedding row no
+    token of the tokenizer uses (Qwen2.5 pads its 151,665 ids to 151,936 rows: the row is an
+    untrained but fixed vector, which is all a mask needs to be)."""
+    if asked >= 0:
+        if asked >= vocab_size:
+            raise ValueError(f"--mask-token-id={asked}: outside the target's vocabulary ({vocab_size})")
+        return asked
     mask_id = tok.token_id("<|mask|>")
-    if mask_id is None:
-        raise ValueError(f"{tok.source}: the tokenizer has no <|mask|> token (needed as the drafter's mask)")
+    if mask_id is not None:
+        return mask_id
+    used = tok._tok.get_vocab_size(with_added_tokens=True)
+    if used >= vocab_size:
+        raise ValueError(f"{tok.source}: no <|mask|> token and no spare embedding row; pass --mask-token-id")
+    return used
+
+
+def frequent_ids(ids: torch.Tensor, weight: torch.Tensor, k: int, vocab_size: int) -> torch.Tensor:
+    """The ``k`` target ids most frequent where ``weight`` > 0 (sorted by id), the drafting vocabulary."""
+    counts = torch.bincount(ids[weight > 0], minlength=vocab_size)
+    return counts.topk(min(k, vocab_size)).indices.sort().values
+
+
+def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig,
+                  vocab_map: torch.Tensor | None = None) -> Drafter:
+    mask_id = pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id)
     dcfg = DrafterConfig(block_size=cfg.block_size, mask_token_id=mask_id, target_vocab=target.cfg.vocab_size,
-                         shared_embeddings=cfg.shared_embeddings)
+                         shared_embeddings=cfg.shared_embeddings,
+                         draft_vocab_size=0 if vocab_map is None else vocab_map.numel())
     if not 1 <= cfg.num_layers:
         raise ValueError(f"--num-layers={cfg.num_layers}: must be >= 1")
     model = Transformer(drafter_model_config(target.cfg, cfg.num_layers, dcfg))
@@ -224,8 +259,8 @@ def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig) 
         model.lm_head.weight.data.copy_(target.lm_head.weight.data)
     if cfg.shared_embeddings:  # frozen and shared: the drafter file will not contain them
         model.embed_tokens = target.embed_tokens
-        model.lm_head = target.lm_head
-    return Drafter(model, dcfg)
+        model.lm_head = target.lm_head if vocab_map is None else draft_head(target, vocab_map)
+    return Drafter(model, dcfg, vocab_map)
 
 
 def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> dict:
@@ -234,14 +269,35 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     if cfg.block_size < 2 or cfg.gen_len % cfg.block_size or cfg.prompt_len % cfg.block_size:
         raise ValueError(f"--prompt-len ({cfg.prompt_len}) and --gen-len ({cfg.gen_len}) must be multiples of "
                          f"--block-size ({cfg.block_size}) >= 2")
+    if cfg.data not in ("windows", "chat"):
+        raise ValueError(f"--data={cfg.data!r}: expected 'windows' or 'chat'")
+    if cfg.data == "chat" and cfg.window % cfg.block_size:
+        raise ValueError(f"--window ({cfg.window}) must be a multiple of --block-size ({cfg.block_size})")
+    if cfg.draft_vocab and not cfg.shared_embeddings:
+        raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     target = load_model(cfg.target)
     tok = Tokenizer.load(cfg.target)
-    data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
-                              cfg.gen_len, cfg.seed, out / "data", log=log)
+    if cfg.data == "chat":
+        data, loss_mask = make_chat_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
+                                                  cfg.gen_len, cfg.window, cfg.seed, out / "data", log=log)
+        eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "heldout", seed=1234,
+                                    templates=1)
+    else:
+        data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
+                                  cfg.gen_len, cfg.seed, out / "data", log=log)
+        loss_mask = (torch.arange(data.shape[1]) >= cfg.prompt_len).float().expand_as(data)  # continuations only
+        eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
     L = data.shape[1]
-    loss_mask = (torch.arange(L) >= cfg.prompt_len).float()  # learn the target's continuations only
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
-    drafter = build_drafter(target, tok, cfg)
+    vocab_map = label_map = None
+    if cfg.draft_vocab:
+        vocab_map = frequent_ids(data, loss_mask, cfg.draft_vocab, target.cfg.vocab_size)
+        label_map = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
+        label_map[vocab_map] = torch.arange(vocab_map.numel())
+        covered = (label_map[data] >= 0)[loss_mask > 0].float().mean().item()
+        log(f"drafting vocabulary: {vocab_map.numel()} of {target.cfg.vocab_size} ids cover "
+            f"{100 * covered:.2f}% of the supervised training tokens")
+    drafter = build_drafter(target, tok, cfg, vocab_map)
     model = drafter.model
     model.train()
     trainable = [p for n, p in model.named_parameters() if not (cfg.shared_embeddings and ("embed_tokens" in n or "lm_head" in n))]
@@ -261,7 +317,6 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     n_train = sum(p.numel() for p in trainable)
     log(f"drafter: {cfg.num_layers} layers, {n_train / 1e6:.2f}M trainable parameters; "
         f"{data.shape[0]} sequences of {L} tokens")
-    eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
     progress = Progress(cfg.steps, start)
     tokens_seen, losses, t_start = 0, [], time.perf_counter()
     for step in range(start, cfg.steps):
@@ -270,8 +325,8 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss = bd3_loss(model, data[idx], loss_mask, attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
-                        cfg.mix, cfg.gamma, gen)
+        loss = bd3_loss(model, data[idx], loss_mask[idx], attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
+                        cfg.mix, cfg.gamma, gen, label_map)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
@@ -283,7 +338,8 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
             progress.report(step, tokens_seen, loss=losses[-1], lr=lr)
         if (step + 1) % cfg.eval_every == 0 or last:
             model.eval()
-            ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size)
+            ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size,
+                             stop_ids=tok.stop_token_ids() if cfg.data == "chat" else ())
             model.train()
             history.append({"step": step + 1, "loss": losses[-1], "tau": ev["tau"]})
             log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {ev['tau']:.3f}")
@@ -304,22 +360,30 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
 
 
 def evaluate_drafter(target_dir: str, drafter_dir: str, n_code: int = 16, n_humaneval: int = 16,
-                     new_tokens: int = 128, block_size: int = 16, log=print) -> dict:
-    """τ at T = 0 on held-out code prompts and HumanEval prompts (sync engine, greedy)."""
+                     new_tokens: int = 128, block_size: int = 16, chat: bool = False, log=print) -> dict:
+    """τ at T = 0 on held-out code prompts and HumanEval prompts (sync engine, greedy).
+
+    ``chat``: for an instruction-tuned target — "code" becomes chat requests built from held-out
+    function snippets, HumanEval is asked in the chat format, and generation stops at end of turn.
+    """
     from .. import load_drafter, load_model, load_tokenizer
     from ..prompts import load_prompt_set
 
     target = load_model(target_dir)
     tok = load_tokenizer(target_dir)
     drafter = load_drafter(drafter_dir, target=target)
+    stops = tok.stop_token_ids() if chat else ()
     res = {}
     for name, n in (("code", n_code), ("humaneval", n_humaneval)):
         try:
-            prompts = load_prompt_set(name, tok, n)
+            if chat and name == "code":
+                prompts = chat_prompts(tok, None, 0.05, n, "heldout", seed=1234, templates=1)
+            else:
+                prompts = load_prompt_set(name, tok, n, chat=chat)
         except FileNotFoundError as e:
             log(f"{name}: unavailable ({e})")
             continue
-        res[name] = measure_tau(target, drafter, prompts, new_tokens, block_size)
+        res[name] = measure_tau(target, drafter, prompts, new_tokens, block_size, stop_ids=stops)
         res[name]["prompts"] = len(prompts)
         log(f"{name}: τ {res[name]['tau']:.3f} over {res[name]['rounds']} rounds")
     return res
