@@ -170,6 +170,9 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     ours = model.state_dict()
     out = {}
     for name, parts in name_map(model.cfg).items():
+        if len(parts) == 1:  # not fused: kept whole (a drafter's reduced LM head has its own row count)
+            out[parts[0][0]] = ours[name]
+            continue
         pieces = ours[name].split([shape[0] for _, shape in parts], dim=0)
         for (hf, _), t in zip(parts, pieces):
             out[hf] = t

@@ -1,10 +1,12 @@
 """The bundled models under models/: they load, generate code-like text, and match transformers."""
 
+import os
+
 import pytest
 import torch
 
 import d3d
-from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, models_dir
+from d3d.assets import BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, models_dir
 
 TARGET = models_dir() / BUNDLED_TARGET
 DRAFTER = models_dir() / BUNDLED_DRAFTER
@@ -42,5 +44,43 @@ def test_bundled_pair_is_lossless_and_drafts_well(target):
     ar = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[])
     for mode in ("sync", "async"):
         out = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[], mode=mode, drafter=drafter)
+        assert out.tokens == ar.tokens
+        assert out.stats.tau > 1.5
+
+
+QWEN_DRAFTER = models_dir() / BUNDLED_QWEN_DRAFTER
+
+
+def test_bundled_qwen_drafter_files():
+    """The real-model drafter ships without its target (630M parameters, rebuilt by
+    bench/get_qwen25_coder.sh): check every tensor against its config and the drafting vocabulary."""
+    from d3d.checkpoint import SHARED_EMBEDDINGS, read_state
+    from d3d.config import ModelConfig
+    from d3d.drafter import DRAFT_VOCAB, DrafterConfig, check_draft_vocab
+
+    cfg = ModelConfig.load(QWEN_DRAFTER)
+    dcfg = DrafterConfig.from_model_config(cfg)
+    assert (cfg.model_type, cfg.hidden_size, cfg.vocab_size) == ("qwen2", 896, 151936)
+    assert dcfg.shared_embeddings and 0 < dcfg.draft_vocab_size < cfg.vocab_size
+    assert 2 <= cfg.num_hidden_layers <= 4
+    state, extra = read_state(QWEN_DRAFTER, cfg, skip=SHARED_EMBEDDINGS, extra={DRAFT_VOCAB: (dcfg.draft_vocab_size,)})
+    ids = check_draft_vocab(extra[DRAFT_VOCAB], cfg.vocab_size, DRAFT_VOCAB)
+    assert {151643, 151645} <= set(ids.tolist())  # it can draft the end of a turn
+    assert all(torch.isfinite(t.float()).all() for t in state.values())
+    assert (QWEN_DRAFTER / "README.md").is_file() and (QWEN_DRAFTER / "eval.json").is_file()
+
+
+@pytest.mark.skipif(not os.environ.get("D3D_QWEN25"), reason="set D3D_QWEN25 to the converted Qwen2.5-Coder directory")
+def test_bundled_qwen_pair_is_lossless():
+    from d3d.prompts import load_prompt_set
+
+    target = d3d.load_model(os.environ["D3D_QWEN25"])
+    tok = d3d.load_tokenizer(os.environ["D3D_QWEN25"])
+    drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
+    prompt = load_prompt_set("humaneval", tok, 1, chat=True)
+    ar = d3d.generate(target, prompt, max_new_tokens=48, stop_ids=tok.stop_token_ids())
+    for mode in ("sync", "async"):
+        out = d3d.generate(target, prompt, max_new_tokens=48, stop_ids=tok.stop_token_ids(), mode=mode,
+                           drafter=drafter)
         assert out.tokens == ar.tokens
         assert out.stats.tau > 1.5

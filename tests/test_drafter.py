@@ -209,11 +209,21 @@ def test_reduced_vocab_drafts_argmax_over_its_ids(anchored):
     assert cache_a.lengths == [3, 1]  # only the clean tokens stay cached
 
 
-@pytest.mark.parametrize("steps", [1, 3])
-def test_reduced_vocab_is_lossless_and_round_trips(tmp_path, steps):
-    target = tiny_target(seed=14)
+def untied_target(seed):
+    """tiny_target with its own LM head (as Qwen2.5-Coder-0.5B converted from GGUF)."""
+    base = tiny_target(seed=seed)
+    model = d3d.model.Transformer(base.cfg.replace(tie_word_embeddings=False))
+    model.load_state_dict(base.state_dict(), strict=False)
+    torch.nn.init.normal_(model.lm_head.weight, std=0.6)
+    return model.eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("steps,tied", [(1, True), (3, True), (1, False)])
+def test_reduced_vocab_is_lossless_and_round_trips(tmp_path, steps, tied):
+    target = tiny_target(seed=14) if tied else untied_target(14)
     ids = torch.arange(0, target.cfg.vocab_size - 1, 2)  # every other id: drafts often miss
     d = reduced_drafter(target, ids, layers=2)
+    d.model.cfg = d.cfg = target.cfg.replace(num_hidden_layers=2, extra=d.cfg.extra)
     d.dcfg.denoise_steps = steps
     save_drafter(d, tmp_path)
     again = load_drafter(tmp_path, target=target)
