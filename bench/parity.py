@@ -45,7 +45,7 @@ def main(argv=None) -> dict:
         raise SystemExit("bench parity needs transformers as the oracle: pip install transformers") from None
     ours = d3d.load_model(args.model, dtype="float32")
     tok = d3d.load_tokenizer(args.model)
-    ref = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     rows, results = [], []
     for text in PROMPTS:
         ids = tok.encode_chat([{"role": "user", "content": text}])
