@@ -65,7 +65,7 @@ def test_bundled_qwen_drafter_files():
     assert 2 <= cfg.num_hidden_layers <= 4
     state, extra = read_state(QWEN_DRAFTER, cfg, skip=SHARED_EMBEDDINGS, extra={DRAFT_VOCAB: (dcfg.draft_vocab_size,)})
     ids = check_draft_vocab(extra[DRAFT_VOCAB], cfg.vocab_size, DRAFT_VOCAB)
-    assert {151643, 151645} <= set(ids.tolist())  # it can draft the end of a turn
+    assert 151645 in set(ids.tolist())  # it can draft <|im_end|>, the end of a turn
     assert all(torch.isfinite(t.float()).all() for t in state.values())
     assert (QWEN_DRAFTER / "README.md").is_file() and (QWEN_DRAFTER / "eval.json").is_file()
 
