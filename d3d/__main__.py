@@ -155,11 +155,13 @@ def log_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def add_config_args(parser, defaults, ints: tuple[str, ...], floats: tuple[str, ...]) -> None:
+def add_config_args(parser, defaults, ints: tuple[str, ...], floats: tuple[str, ...],
+                    helps: dict[str, str] | None = None) -> None:
     """``--some-field`` options for dataclass fields, defaulting to the dataclass's values."""
     for names, typ in ((ints, int), (floats, float)):
         for name in names:
-            parser.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(defaults, name))
+            parser.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(defaults, name),
+                                help=(helps or {}).get(name, "default: %(default)s"))
 
 
 def config_from_args(cls, args, **overrides):
@@ -330,7 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(r, dd, ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "batch_size", "steps",
                             "warmup", "eval_every", "eval_prompts", "eval_new_tokens", "log_every", "save_every",
                             "seed", "window", "draft_vocab", "mask_token_id"),
-                    ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"))
+                    ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"),
+                    {"window": "--data chat: tokens per training row (the last WINDOW of request + answer)",
+                     "gen_len": "tokens the target generates per prompt (chat: at most, it stops at end of turn)",
+                     "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
+                                    "training answers (the head scores only those; needs shared embeddings)",
+                     "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "
+                                      "tokenizer's ids",
+                     "num_layers": "drafter layers (initialised from evenly spaced target layers)"})
     r.set_defaults(fn=cmd_train_drafter)
 
     from d3d.train.dflash import DFlashTrainConfig
