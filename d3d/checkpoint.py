@@ -123,19 +123,37 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
 SHARED_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
 
 
+INT8_SCALE = ".int8_scale"  # suffix of the per-row scale of a matrix stored as int8
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: ``w ≈ q * scale[:, None]``, ``scale = max|w_row| / 127`` (fp32)."""
+    scale = (w.detach().float().abs().amax(dim=1) / 127).clamp_min(1e-12)
+    return (w.detach().float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
 def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
-               extra: dict[str, tuple[int, ...]] | None = None) -> tuple[dict, dict]:
+               extra: dict[str, tuple[int, ...]] | None = None, int8: bool = False) -> tuple[dict, dict]:
     """Read the weights of ``cfg`` from ``path`` through the name map, shape-checked.
 
     skip: our parameter names not stored in the files (a drafter's shared embedding/LM head).
     extra: further HF tensors (name -> shape) the files must hold (a DFlash projection).
+    int8: matrices are stored as int8 with a per-row scale (``save_model(int8=True)``);
+    they are dequantized to fp32 here.
     Returns ``(state under our names with fused projections joined, extra tensors)``.
     """
     nmap = {k: v for k, v in name_map(cfg).items() if k not in skip}
     wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
+    scales = {hf + INT8_SCALE: shape[:1] for hf, shape in wanted.items() if len(shape) == 2} if int8 else {}
+    wanted.update(scales)
     wanted.update(extra or {})
     optional = {"lm_head.weight"} if cfg.tie_word_embeddings and not skip else set()  # a tied copy may be stored
     tensors = read_tensors(path, wanted, optional)
+    for name in scales:
+        w = tensors[name.removesuffix(INT8_SCALE)]
+        if w.dtype != torch.int8:
+            raise ValueError(f"{path}: tensor {name.removesuffix(INT8_SCALE)!r} is {w.dtype}, int8 storage expected")
+        tensors[name.removesuffix(INT8_SCALE)] = w.float() * tensors[name].float()[:, None]
     state = {ours: torch.cat([tensors[hf] for hf, _ in parts]) if len(parts) > 1 else tensors[parts[0][0]]
              for ours, parts in nmap.items()}
     return state, {k: tensors[k] for k in (extra or {})}
@@ -181,17 +199,26 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | None = None,
                max_shard_bytes: int | None = None, exclude: tuple[str, ...] = (),
-               extra: dict[str, torch.Tensor] | None = None) -> None:
+               extra: dict[str, torch.Tensor] | None = None, int8: bool = False) -> None:
     """Write ``config.json`` and safetensors (sharded with an index when over ``max_shard_bytes``).
 
     ``exclude``: HF tensor names to leave out (a drafter's shared embedding, for instance).
     ``extra``: further tensors to store under their own names (floating ones cast to ``dtype``,
     integer ones kept as they are: a drafting vocabulary, a DFlash projection).
+    ``int8``: store every matrix as int8 + a per-row fp32 scale (``quantize_int8``); vectors keep
+    ``dtype``. Read back with ``read_state(..., int8=True)``.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     dtype = parse_dtype(dtype) or model.dtype
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in hf_state_dict(model).items() if k not in exclude}
+    tensors = {}
+    for k, v in hf_state_dict(model).items():
+        if k in exclude:
+            continue
+        if int8 and v.dim() == 2:
+            tensors[k], tensors[k + INT8_SCALE] = quantize_int8(v.cpu())
+        else:
+            tensors[k] = v.detach().to("cpu", dtype).contiguous()
     for k, v in (extra or {}).items():
         tensors[k] = v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
     cfg = model.cfg.replace(torch_dtype=str(dtype).removeprefix("torch."))

@@ -54,6 +54,7 @@ class DrafterConfig:
     rule: str = "threshold"  # how multi-step denoising picks positions to commit
     threshold: float = 0.9
     draft_vocab_size: int = 0  # K > 0: the head scores only K target ids (``d3d.draft_vocab``)
+    int8_weights: bool = False  # matrices stored as int8 + per-row scale (a quarter of fp32's bytes)
 
     def __post_init__(self):
         if self.block_size < 2:
@@ -227,7 +228,7 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     dtype = parse_dtype(dtype) or (target.dtype if target is not None else torch.float32)
     K = dcfg.draft_vocab_size
     state, extra = read_state(path, cfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
-                              extra={DRAFT_VOCAB: (K,)} if K else None)
+                              extra={DRAFT_VOCAB: (K,)} if K else None, int8=dcfg.int8_weights)
     with torch.device("meta"):
         model = Transformer(cfg)
     state = {k: v.to(device, dtype) for k, v in state.items()}
@@ -269,14 +270,15 @@ def draft_head(target: Transformer, vocab_map: torch.Tensor) -> torch.nn.Linear:
     return head
 
 
-def save_drafter(drafter: Drafter, path: str | Path, dtype=None) -> None:
-    """Write a drafter directory; shared embeddings are left out of the file."""
+def save_drafter(drafter: Drafter, path: str | Path, dtype=None, int8: bool = False) -> None:
+    """Write a drafter directory; shared embeddings are left out of the file. ``int8``: matrices
+    as int8 + per-row scale (``d3d.checkpoint.quantize_int8``), dequantized on load."""
     path = Path(path)
     save_model(drafter.model, path, dtype=dtype,
                exclude=("model.embed_tokens.weight", "lm_head.weight") if drafter.dcfg.shared_embeddings else (),
-               extra={DRAFT_VOCAB: drafter.vocab_map} if drafter.vocab_map is not None else None)
+               extra={DRAFT_VOCAB: drafter.vocab_map} if drafter.vocab_map is not None else None, int8=int8)
     raw = json.loads((path / "config.json").read_text())
-    raw["d3d"] = asdict(drafter.dcfg)
+    raw["d3d"] = {**asdict(drafter.dcfg), "int8_weights": int8}
     (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
 

@@ -277,3 +277,26 @@ def test_bd3_loss_with_label_map_ignores_ids_outside_the_vocabulary():
     torch.testing.assert_close(loss, again)
     counts = frequent_ids(torch.tensor([[3, 3, 3, 9, 9, 1]]), torch.tensor([[1, 1, 1, 1, 1, 0]]), 2, 12)
     assert counts.tolist() == [3, 9]
+
+
+def test_int8_storage_round_trip(tmp_path):
+    """Matrices stored as int8 + per-row scale come back within half a quantization step."""
+    target = untied_target(17)
+    d = reduced_drafter(target, torch.arange(0, 40, 3), layers=2)
+    save_drafter(d, tmp_path, int8=True)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert tensors["model.layers.0.mlp.down_proj.weight"].dtype == torch.int8
+    assert tensors["model.layers.0.input_layernorm.weight"].dtype == torch.float32
+    again = load_drafter(tmp_path, target=target)
+    assert again.dcfg.int8_weights
+    for name, w in d.model.state_dict().items():
+        if name.startswith("layers"):
+            step = w.abs().amax(dim=-1, keepdim=True) / 127 if w.dim() == 2 else 0
+            assert ((again.model.state_dict()[name] - w).abs() <= step / 2 + 1e-6).all(), name
+    name = "model.layers.1.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].float()
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="o_proj.weight.*int8 storage expected"):
+        load_drafter(tmp_path, target=target)

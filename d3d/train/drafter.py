@@ -254,12 +254,13 @@ def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig,
         for name, p in src.items():
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    model.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
-    if model.lm_head is not None:
-        model.lm_head.weight.data.copy_(target.lm_head.weight.data)
     if cfg.shared_embeddings:  # frozen and shared: the drafter file will not contain them
         model.embed_tokens = target.embed_tokens
         model.lm_head = target.lm_head if vocab_map is None else draft_head(target, vocab_map)
+    else:  # the drafter's own copies, starting from the target's
+        model.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
+        if model.lm_head is not None:
+            model.lm_head.weight.data.copy_(target.lm_head.weight.data)
     return Drafter(model, dcfg, vocab_map)
 
 
