@@ -107,12 +107,14 @@ def cmd_generate(args) -> int:
     s = out.stats
     if args.json:
         print(json.dumps({"text": tok.decode(tokens, skip_special_tokens=True), "token_ids": tokens,
-                          "num_prompt_tokens": len(ids), "mode": args.mode, "stats": s.to_dict()}))
+                          "num_prompt_tokens": len(ids), "mode": args.mode,
+                          "dtype": str(model.dtype).removeprefix("torch."), "stats": s.to_dict()}))
         return 0
     if args.explain:
         print("\n" + tok.decode(tokens, skip_special_tokens=True))
     print(file=sys.stdout)
-    summary = f"[{s.mode}] {s.total_generated} tokens, {s.tokens_per_second:.1f} tok/s"
+    summary = f"[{s.mode}] {s.total_generated} tokens, {s.tokens_per_second:.1f} tok/s " \
+              f"({str(model.dtype).removeprefix('torch.')})"
     if s.mode != "ar":
         summary += f", τ {s.tau:.2f}, {s.rounds} rounds (B={s.block_size})"
         if s.mode == "async":
@@ -275,8 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
     g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="compute dtype (default: float32 on CPU, the checkpoint's dtype on GPU)")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="compute dtype. auto (default): bfloat16 on a CPU with fast bf16 matmuls (AMX or "
+                        "avx512_bf16, confirmed by a 50 ms probe), float32 on other CPUs, the checkpoint's dtype "
+                        "on a GPU; the environment variable D3D_DTYPE overrides auto (see d3d/precision.py)")
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, num_prompt_tokens, stats")
     g.set_defaults(fn=cmd_generate)

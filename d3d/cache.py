@@ -13,11 +13,16 @@ loop, which already knows the accept lengths, so keeping them on the host costs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .config import ModelConfig
+from .kernels.attention import SeqPlan, torch_plan
+
+# Up to this many sequences a pass writes its new K/V with one slice copy per sequence (2 ops
+# each); beyond it one index_put per tensor is fewer ops. Slices cost ~3 us, index_put ~12 us.
+_SLICE_WRITES_UP_TO = 4
 
 
 @dataclass
@@ -38,10 +43,32 @@ class PassLayout:
     rows_host: list[int]
     lens_host: list[int]
     cache_lens_host: list[int]
+    _plan: list[SeqPlan] | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.lens_host)
+
+    def plan(self) -> list[SeqPlan]:
+        """The torch attention path's per-sequence arguments (masks included), built on first use
+        and shared by every layer of the pass."""
+        if self._plan is None:
+            cu = [0]
+            for n in self.lens_host:
+                cu.append(cu[-1] + n)
+            self._plan = torch_plan(cu, self.cache_lens_host, self.rows_host, self.group_ids)
+        return self._plan
+
+    def write(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Write the pass's new keys or values ``src`` [T, Hkv, D] into a cache layer ``dst``
+        [R, Hkv, Lmax, D] at each sequence's row and positions (contiguous: slice copies)."""
+        if len(self.rows_host) > _SLICE_WRITES_UP_TO:
+            dst[self.write_rows, :, self.positions] = src.to(dst.dtype)
+            return
+        start = 0
+        for row, n, c in zip(self.rows_host, self.lens_host, self.cache_lens_host):
+            dst[row, :, c:c + n].copy_(src[start:start + n].transpose(0, 1))
+            start += n
 
     def last_token_index(self) -> torch.Tensor:
         """Index (into the packed tokens) of each sequence's last new token, [N]."""

@@ -17,9 +17,8 @@ from safetensors.torch import save_file
 
 from .config import ModelConfig
 from .model import Transformer
+from .precision import DTYPES, resolve_dtype
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
 def parse_dtype(dtype: str | torch.dtype | None, what: str = "dtype") -> torch.dtype | None:
@@ -161,20 +160,21 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
 
 def load_model(
     path: str | Path,
-    dtype: str | torch.dtype | None = None,
+    dtype: str | torch.dtype | None = "auto",
     device: str | torch.device = "cpu",
     cfg: ModelConfig | None = None,
 ) -> Transformer:
     """Load a Qwen3/Qwen2 checkpoint directory into a ``Transformer`` in eval mode.
 
-    dtype: default fp32 on CPU (the fast CPU dtype) and the checkpoint's dtype elsewhere.
+    dtype: ``"auto"`` (default): the dtype policy of ``d3d.precision`` — bf16 on a CPU with fast
+        bf16 matmuls, fp32 on other CPUs, the checkpoint's dtype on a GPU.
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a directory (expected a HF checkpoint directory)")
     cfg = cfg or ModelConfig.load(path)
     device = torch.device(device)
-    dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else parse_dtype(cfg.torch_dtype, "config torch_dtype"))
+    dtype = resolve_dtype(dtype, device, cfg.torch_dtype)
     state, _ = read_state(path, cfg)
     with torch.device("meta"):
         model = Transformer(cfg)

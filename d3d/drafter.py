@@ -38,6 +38,7 @@ from .checkpoint import SHARED_EMBEDDINGS, parse_dtype, read_state, save_model
 from .config import ModelConfig
 from .kernels.denoise import denoise_step
 from .model import Transformer
+from .precision import resolve_dtype
 
 RULES = ("threshold", "topk", "all")
 
@@ -225,7 +226,7 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     elif dcfg.shared_embeddings:
         raise ValueError(f"{source}: this drafter shares the target's embeddings; pass target=")
     device = torch.device(device) if device is not None else (target.device if target is not None else torch.device("cpu"))
-    dtype = parse_dtype(dtype) or (target.dtype if target is not None else torch.float32)
+    dtype = parse_dtype(dtype) or (target.dtype if target is not None else resolve_dtype("auto", device, cfg.torch_dtype))
     K = dcfg.draft_vocab_size
     state, extra = read_state(path, cfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
                               extra={DRAFT_VOCAB: (K,)} if K else None, int8=dcfg.int8_weights)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,8 @@ __all__ = [
     "packed_attention",
     "packed_attention_torch",
     "packed_attention_triton",
+    "torch_plan",
+    "attend_torch",
     "causal_groups",
     "block_causal_groups",
     "cu_seqlens_from_lengths",
@@ -260,43 +263,31 @@ def _debug_checks() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def packed_attention_torch(
-    q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids,
-    cache_rows=None, scale=None, max_seqlen=None, out=None,
-) -> torch.Tensor:
-    """Packed attention with one ``scaled_dot_product_attention`` call per sequence.
+@dataclass
+class SeqPlan:
+    """How the torch path attends one sequence: queries ``start:end``, keys ``0:keys`` of cache
+    row ``row`` (plus ``k[start:end]`` when new keys are given), SDPA's ``mask`` or ``causal``."""
 
-    Keys are views of the cache when ``k`` is None (no copy); with ``k`` given and a non-empty
-    cache the two parts are concatenated. Per sequence the cheapest SDPA form is used:
-    no mask for a single new token, ``is_causal`` for a causal layout with an empty cache, and
-    otherwise a boolean mask ``[L, c+L]`` (cached columns all True, new columns
-    ``g[None, :] <= g[:, None]``). Lengths are read on the host (free on CPU).
+    start: int
+    end: int
+    row: int
+    cached: int
+    mask: torch.Tensor | None
+    causal: bool
+
+
+def torch_plan(cu: list[int], cached: list[int], rows, group_ids: torch.Tensor) -> list[SeqPlan]:
+    """Per-sequence SDPA arguments, built once per pass and reused by every layer.
+
+    Per sequence the cheapest SDPA form: no mask for a single new token, ``is_causal`` for a
+    causal layout with an empty cache, and otherwise a boolean mask ``[L, c+L]`` (cached columns
+    all True, new columns ``g[None, :] <= g[:, None]``).
     """
-    N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out)
-    cu, cached = cu_seqlens.tolist(), cache_lens.tolist()
-    rows = cache_rows.tolist() if cache_rows is not None else None
-    _check_values(q, k, k_cache, cu, cached, rows, max_seqlen)
-    rows = rows if rows is not None else range(N)
-    T, H, D = q.shape
-    out = torch.empty_like(q) if out is None else out
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    gqa = H != Hkv
-
-    for n in range(N):
-        s, e, c = cu[n], cu[n + 1], cached[n]
+    plan = []
+    for n, (s, e, c) in enumerate(zip(cu[:-1], cu[1:], cached)):
         L = e - s
         if L == 0:
             continue
-        qn = q[s:e].transpose(0, 1)  # [H, L, D]
-        if k is None:
-            kn = k_cache[rows[n], :, : c + L]  # [Hkv, c+L, D], a view
-            vn = v_cache[rows[n], :, : c + L]
-        else:
-            kn, vn = k[s:e].transpose(0, 1), v[s:e].transpose(0, 1)
-            if c > 0:
-                kn = torch.cat([k_cache[rows[n], :, :c], kn], dim=1)
-                vn = torch.cat([v_cache[rows[n], :, :c], vn], dim=1)
-
         mask, causal = None, False
         if L > 1:
             g = group_ids[s:e]
@@ -306,14 +297,59 @@ def packed_attention_torch(
             if step > 0 and c == 0:
                 causal = True  # strictly increasing groups: SDPA's top-left causal mask is exact
             else:
-                mask = torch.ones(L, c + L, dtype=torch.bool, device=q.device)
+                mask = torch.ones(L, c + L, dtype=torch.bool, device=group_ids.device)
                 mask[:, c:] = g[None, :] <= g[:, None]
-        # 4-d inputs: with 3-d ones CPU SDPA falls back to its slow math kernel
-        o = F.scaled_dot_product_attention(
-            qn[None], kn[None], vn[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
-        )
-        out[s:e] = o[0].transpose(0, 1)
+        plan.append(SeqPlan(s, e, rows[n], c, mask, causal))
+    return plan
+
+
+def attend_torch(q, k, v, k_cache, v_cache, plan: list[SeqPlan], scale: float, out=None) -> torch.Tensor:
+    """Packed attention from a ``torch_plan``: one ``scaled_dot_product_attention`` per sequence.
+
+    Keys are views of the cache when ``k`` is None (no copy); with ``k`` given and a non-empty
+    cache the two parts are concatenated. No checks: the plan comes from a checked layout.
+    """
+    gqa = q.shape[1] != (k if k is not None else k_cache).shape[1]  # [T, Hkv, D] or [R, Hkv, Lmax, D]
+    if out is None and len(plan) == 1 and plan[0].start == 0 and plan[0].end == q.shape[0]:
+        return _attend_one(q, k, v, k_cache, v_cache, plan[0], scale, gqa)  # the common case: no copy into out
+    out = torch.empty_like(q) if out is None else out
+    for p in plan:
+        out[p.start:p.end] = _attend_one(q, k, v, k_cache, v_cache, p, scale, gqa)
     return out
+
+
+def _attend_one(q, k, v, k_cache, v_cache, p: SeqPlan, scale: float, gqa: bool) -> torch.Tensor:
+    s, e, c = p.start, p.end, p.cached
+    qn = q[s:e].transpose(0, 1)  # [H, L, D]
+    if k is None:
+        kn = k_cache[p.row, :, : c + e - s]  # [Hkv, c+L, D], a view
+        vn = v_cache[p.row, :, : c + e - s]
+    else:
+        kn, vn = k[s:e].transpose(0, 1), v[s:e].transpose(0, 1)
+        if c > 0:
+            kn = torch.cat([k_cache[p.row, :, :c], kn], dim=1)
+            vn = torch.cat([v_cache[p.row, :, :c], vn], dim=1)
+    # 4-d inputs: with 3-d ones CPU SDPA falls back to its slow math kernel
+    o = F.scaled_dot_product_attention(qn[None], kn[None], vn[None], attn_mask=p.mask, is_causal=p.causal,
+                                       scale=scale, enable_gqa=gqa)
+    return o[0].transpose(0, 1)  # [L, H, D]
+
+
+def packed_attention_torch(
+    q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids,
+    cache_rows=None, scale=None, max_seqlen=None, out=None,
+) -> torch.Tensor:
+    """Packed attention with one ``scaled_dot_product_attention`` call per sequence (``torch_plan``
+    + ``attend_torch`` after the input checks). Lengths are read on the host (free on CPU)."""
+    N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out)
+    cu, cached = cu_seqlens.tolist(), cache_lens.tolist()
+    rows = cache_rows.tolist() if cache_rows is not None else None
+    _check_values(q, k, k_cache, cu, cached, rows, max_seqlen)
+    plan = torch_plan(cu, cached, rows if rows is not None else range(N), group_ids)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if out is None:
+        out = torch.empty_like(q)
+    return attend_torch(q, k, v, k_cache, v_cache, plan, scale, out)
 
 
 # --------------------------------------------------------------------------------------------
