@@ -13,8 +13,12 @@ from pathlib import Path
 def machine() -> dict:
     import torch
 
+    from d3d.precision import auto_dtype, cpu_flags
+
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+            "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16"}),
+            "dtype_policy": auto_dtype("cpu").to_dict()}
     try:
         import triton
 

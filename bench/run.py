@@ -1,6 +1,7 @@
 """Benchmark runner: ``python -m bench <command> [options]`` or ``python bench/run.py …``.
 
   speculative    ar vs sync vs async end to end: τ, tok/s, speedup over ar, hit rate, time split
+  passes         pass-cost curve: one forward over T = 1..32 new tokens, target and drafter, per dtype
   decode         d3d vs transformers autoregressive decode (tok/s, GB/s vs copy bandwidth)
   kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
   parity         d3d vs transformers on a real checkpoint: logits and greedy chat, token for token
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         import speculative
 
         schema.validate(speculative.main(rest))
+    elif cmd == "passes":
+        import passes
+
+        schema.validate(passes.main(rest))
     elif cmd == "decode":
         import decode
 

@@ -1,8 +1,9 @@
 """The documented shape of every benchmark JSON, and a validator (no dependency).
 
 Common to all: ``bench`` (its name), ``machine`` (``cpu``, ``cores``, ``torch``, ``triton``,
-``python``, ``platform``, ``torch_threads`` and ``gpu`` when there is one), ``config`` (the
-command-line arguments), ``results``.
+``python``, ``platform``, ``torch_threads``, ``gpu`` when there is one, and since issue 14
+``cpu_flags`` (the SIMD/bf16 flags seen) and ``dtype_policy`` (``d3d.precision.auto_dtype``: dtype,
+reason, probe timings)), ``config`` (the command-line arguments), ``results``.
 
 speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s, speedup_vs_ar}
     and for speculative modes also {tau, rounds, accept_hist, hit_rate, fallback_rate,
@@ -14,6 +15,8 @@ kernels: ``attention`` and ``sampling``, each a payload of its own (results = li
     case, method, ms (median, min, max) and TFLOP/s with the share of the measured matmul peak, or
     GB/s with the share of the measured copy bandwidth), plus ``copy_bandwidth_gb_s`` and
     ``matmul_tflops`` (the ceilings, measured on the same machine in the same run).
+passes: ``results`` = [{model, dtype, T, ms, ms_min, ms_max, vs_T1}] (one forward pass over T new
+    tokens after ``config.context`` cached ones), plus ``models`` {name: {dir, parameters}}.
 parity: ``results`` = [{prompt, prompt_tokens, max_abs_logit_diff, argmax_agree, greedy_tokens,
     greedy_identical, ...}] for one real checkpoint (``model``, ``parameters``) vs transformers.
 """
@@ -43,6 +46,7 @@ def _check(obj: dict, fields: dict, where: str) -> None:
             raise ValueError(f"{where}.{key}: expected {typ}, got {type(obj[key]).__name__}")
 
 
+PASS_ROW = {"model": str, "dtype": str, "T": int, "ms": NUM, "ms_min": NUM, "ms_max": NUM, "vs_T1": NUM}
 PARITY_ROW = {"prompt": str, "prompt_tokens": int, "max_abs_logit_diff": NUM, "argmax_agree": bool,
               "greedy_tokens": int, "greedy_identical": bool}
 
@@ -72,6 +76,10 @@ def validate(payload: dict) -> None:
             _check(payload[part], {"results": list, "config": dict}, f"$.{part}")
             for i, row in enumerate(payload[part]["results"]):
                 _check(row, row_schema, f"$.{part}.results[{i}]")
+    elif kind == "passes":
+        _check(payload, {"config": dict, "results": list, "models": dict}, "$")
+        for i, row in enumerate(payload["results"]):
+            _check(row, PASS_ROW, f"$.results[{i}]")
     elif kind == "parity":
         _check(payload, {"config": dict, "results": list, "model": str, "parameters": int}, "$")
         for i, row in enumerate(payload["results"]):

@@ -180,7 +180,7 @@ def load_model(
         model = Transformer(cfg)
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
+    return model.eval().requires_grad_(False).pack_for_cpu()
 
 
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:

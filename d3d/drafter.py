@@ -246,7 +246,7 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
         raise ValueError(f"{source}: parameters not loaded: {leftover[:5]}")
-    return Drafter(model.eval().requires_grad_(False), dcfg, vocab_map)
+    return Drafter(model.eval().requires_grad_(False).pack_for_cpu(), dcfg, vocab_map)
 
 
 DRAFT_VOCAB = "d3d.draft_vocab"

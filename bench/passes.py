@@ -1,0 +1,107 @@
+"""Pass-cost curve: one forward pass over T new tokens, T = 1, 2, 4, ..., for target and drafter.
+
+Speculative decoding pays when a T-token verification pass costs about what a 1-token step does
+(``vs_T1`` near 1). Each model is timed in the dtype the policy picks (``d3d.precision``) and in
+float32, on a cache already holding ``--context`` tokens; every (model, dtype, T) is run once per
+repeat, repeats interleaved so that machine drift hits all alike; medians are reported.
+
+    python -m bench passes [--target DIR] [--drafter DIR] [--T 1 2 4 8 16 32] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown_table, write_json  # noqa: E402
+
+import d3d  # noqa: E402
+from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled  # noqa: E402
+from d3d.precision import auto_dtype  # noqa: E402
+
+
+def pass_runner(model, T: int, context: int):
+    """A function running one T-token pass after ``context`` cached tokens (the cache is rolled
+    back after each run, so every run sees the same state)."""
+    cache = model.new_cache(1, context + T)
+    gen = torch.Generator().manual_seed(T)
+    prompt = torch.randint(0, model.cfg.vocab_size, (context,), generator=gen)
+    new = torch.randint(0, model.cfg.vocab_size, (T,), generator=gen)
+    with torch.inference_mode():
+        model(prompt, cache.layout([context]), cache)
+
+    def run():
+        with torch.inference_mode():
+            model(new, cache.layout([T]), cache)
+        cache.crop(0, context)
+
+    return run
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m bench passes", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", help="target directory (default: the bundled target)")
+    ap.add_argument("--drafter", help="D3D drafter directory (default: the bundled drafter; 'none' to skip)")
+    ap.add_argument("--T", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="new tokens per pass")
+    ap.add_argument("--context", type=int, default=64, help="tokens already cached (default 64)")
+    ap.add_argument("--repeats", type=int, default=30, help="timed runs per (model, dtype, T) (default 30)")
+    ap.add_argument("--dtypes", nargs="+", default=None,
+                    help="dtypes to time (default: the policy's choice and float32)")
+    ap.add_argument("--out", default=None, help="write the JSON here")
+    args = ap.parse_args(argv)
+    if any(t < 1 for t in args.T) or args.context < 1 or args.repeats < 1:
+        ap.error("--T values, --context and --repeats must be >= 1")
+    policy = auto_dtype("cpu")
+    dtypes = args.dtypes or list(dict.fromkeys([policy.dtype, "float32"]))
+    print(f"dtype policy: {policy.dtype} ({policy.reason})", file=sys.stderr)
+    target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
+    drafter_dir = None if args.drafter == "none" else Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
+
+    runners, models = {}, {}
+    for dt in dtypes:
+        target = d3d.load_model(target_dir, dtype=dt)
+        todo = {"target": target}
+        models["target"] = {"dir": str(target_dir), "parameters": target.cfg.num_parameters()}
+        if drafter_dir is not None:
+            drafter = d3d.load_drafter(drafter_dir, target=target)
+            todo["drafter"] = drafter.model
+            models["drafter"] = {"dir": str(drafter_dir), "parameters": drafter.num_parameters(include_shared=True)}
+        for name, model in todo.items():
+            for T in args.T:
+                runners[(name, dt, T)] = pass_runner(model, T, args.context)
+    times = {k: [] for k in runners}
+    for fn in runners.values():  # warm-up
+        fn()
+    for i in range(args.repeats):
+        for k, fn in runners.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+        if (i + 1) % 10 == 0:
+            print(f"  repeat {i + 1}/{args.repeats}", file=sys.stderr, flush=True)
+
+    results = []
+    for (name, dt, T), ts in times.items():
+        ms = statistics.median(ts) * 1e3
+        results.append({"model": name, "dtype": dt, "T": T, "ms": ms, "ms_min": min(ts) * 1e3,
+                        "ms_max": max(ts) * 1e3})
+    base = {(r["model"], r["dtype"]): r["ms"] for r in results if r["T"] == min(args.T)}
+    for r in results:
+        r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"])]
+    print(markdown_table(["model", "dtype", "T", "ms (median)", "min..max", f"vs T={min(args.T)}"],
+                         [[r["model"], r["dtype"], r["T"], f"{r['ms']:.2f}", f"{r['ms_min']:.2f}..{r['ms_max']:.2f}",
+                           f"{r['vs_T1']:.2f}x"] for r in results]))
+    payload = {"bench": "passes", "machine": machine(), "config": vars(args), "models": models, "results": results}
+    write_json(args.out, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
