@@ -5,8 +5,9 @@ Two model sizes, chosen for what bounds them on a CPU:
               (weight bytes read per token x tok/s) against the measured copy bandwidth.
   qwen3-15m   overhead-bound: per-token Python and kernel-launch cost dominates.
 
-Both engines run greedy, the same prompt and token count, side by side in one process, repeats
-interleaved; tok/s counts generated tokens over the whole call (prefill included, for both).
+Both engines run greedy, in the same dtype (d3d's policy unless --dtype), the same prompt and
+token count, side by side in one process, repeats interleaved; tok/s counts generated tokens over
+the whole call (prefill included, for both). ``bundled`` times the bundled target's weights.
 
     python bench/decode.py [--sizes qwen3-15m qwen3-100m] [--new-tokens 128] [--repeats 5] [--out FILE]
 """
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import compare_table, copy_bandwidth_gbs, load_json, machine, markdown_table, write_json  # noqa: E402
 
 import d3d  # noqa: E402
+from d3d.assets import BUNDLED_TARGET, bundled  # noqa: E402
 from d3d.config import preset  # noqa: E402
 from d3d.model import Transformer  # noqa: E402
 
@@ -38,21 +40,28 @@ def weight_bytes_per_token(model: Transformer) -> int:
     return total * model.dtype.itemsize
 
 
-def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_hf: bool) -> dict:
+def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_hf: bool, dtype: str) -> dict:
     torch.manual_seed(0)
-    cfg = preset(name)
-    model = Transformer(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-    model.eval().requires_grad_(False)
+    with tempfile.TemporaryDirectory() as tmp:
+        if name == "bundled":  # the bundled target's own weights
+            src = bundled(BUNDLED_TARGET)
+        else:  # a random model of a preset shape, written once so both engines load the same file
+            model = Transformer(preset(name))
+            for p in model.parameters():
+                torch.nn.init.normal_(p, std=0.02)
+            d3d.save_model(model, tmp)
+            src = tmp
+        model = d3d.load_model(src, dtype=dtype)
+        hf = None
+        if with_hf:
+            import transformers
+
+            hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=model.dtype).eval()
+    cfg = model.cfg
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,))
     runners = {"d3d": lambda: d3d.generate(model, prompt.tolist(), max_new_tokens=new_tokens, stop_ids=[])}
-    if with_hf:
-        import transformers
-
-        with tempfile.TemporaryDirectory() as tmp:
-            d3d.save_model(model, tmp)
-            hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    same_output = None
+    if hf is not None:
 
         def run_hf():
             with torch.inference_mode():
@@ -62,7 +71,8 @@ def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_h
 
         ours = runners["d3d"]().tokens[0]
         theirs = run_hf()[0, prompt_len:].tolist()
-        if ours != theirs:
+        same_output = ours == theirs
+        if not same_output and model.dtype == torch.float32:
             raise SystemExit(f"{name}: d3d and transformers disagree on the greedy output — not timing")
         runners["transformers"] = run_hf
     times = {k: [] for k in runners}
@@ -73,7 +83,8 @@ def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_h
             t = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)
-    res = {"model": name, "parameters": cfg.num_parameters(), "weight_bytes_per_token": weight_bytes_per_token(model)}
+    res = {"model": name, "parameters": cfg.num_parameters(), "weight_bytes_per_token": weight_bytes_per_token(model),
+           "dtype": str(model.dtype).removeprefix("torch."), "same_greedy_output_as_transformers": same_output}
     for k, ts in times.items():
         res[k] = {"tok_s_median": new_tokens / statistics.median(ts), "seconds": ts}
     res["d3d_gb_s"] = res["d3d"]["tok_s_median"] * res["weight_bytes_per_token"] / 1e9
@@ -84,7 +95,9 @@ def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_h
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", nargs="+", default=["qwen3-15m", "qwen3-100m"], help="presets from d3d.config.PRESETS")
+    ap.add_argument("--sizes", nargs="+", default=["bundled", "qwen3-15m", "qwen3-100m"],
+                    help="'bundled' (the bundled target's weights) or presets from d3d.config.PRESETS")
+    ap.add_argument("--dtype", default="auto", help="dtype of both engines (default: d3d's dtype policy)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
@@ -101,7 +114,8 @@ def main(argv=None) -> int:
     results = []
     for name in args.sizes:
         print(f"benchmarking {name} ...", flush=True)
-        results.append(bench_size(name, args.new_tokens, args.repeats, args.prompt_len, not args.no_transformers))
+        results.append(bench_size(name, args.new_tokens, args.repeats, args.prompt_len, not args.no_transformers,
+                                  args.dtype))
     rows = []
     for r in results:
         hf = r.get("transformers", {}).get("tok_s_median")

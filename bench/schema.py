@@ -6,7 +6,8 @@ Common to all: ``bench`` (its name), ``machine`` (``cpu``, ``cores``, ``torch``,
 reason, probe timings)), ``config`` (the command-line arguments), ``results``.
 
 speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s, speedup_vs_ar}
-    and for speculative modes also {tau, rounds, accept_hist, hit_rate, fallback_rate,
+    (since issue 14 also speedup_vs_fastest_ar: over the faster of ``ar`` in the policy's dtype and
+    ``ar-fp32``, and identical_to_ar: prompts whose output equals ar's) and for speculative modes also {tau, rounds, accept_hist, hit_rate, fallback_rate,
     draft_seconds, hidden_draft_seconds, verify_seconds}; plus ``missing_sets`` {set: reason},
     ``target``, ``drafter``, ``target_parameters``, ``drafter_parameters``.
 decode: ``results`` = [{model, parameters, weight_bytes_per_token, d3d: {tok_s_median, seconds},
@@ -17,6 +18,9 @@ kernels: ``attention`` and ``sampling``, each a payload of its own (results = li
     ``matmul_tflops`` (the ceilings, measured on the same machine in the same run).
 passes: ``results`` = [{model, dtype, T, ms, ms_min, ms_max, vs_T1}] (one forward pass over T new
     tokens after ``config.context`` cached ones), plus ``models`` {name: {dir, parameters}}.
+agreement: ``results`` = [{set, prompt, mode, identical}], ``summary`` {mode: {prompts, identical,
+    agreement}}, ``divergences`` = [{set, prompt, mode, position, ar_token, spec_token, margin,
+    margin_fp32}] (margins: {a_minus_b, top2_gap, a_is_argmax}), ``dtype``.
 parity: ``results`` = [{prompt, prompt_tokens, max_abs_logit_diff, argmax_agree, greedy_tokens,
     greedy_identical, ...}] for one real checkpoint (``model``, ``parameters``) vs transformers.
 """
@@ -64,7 +68,7 @@ def validate(payload: dict) -> None:
                 raise ValueError(f"$.results.{name}: missing the 'ar' baseline")
             for mode, row in res.items():
                 _check(row, SPEC_ROW, f"$.results.{name}.{mode}")
-                if mode != "ar":
+                if not mode.startswith("ar"):
                     _check(row, SPEC_EXTRA, f"$.results.{name}.{mode}")
     elif kind == "decode":
         _check(payload, {"config": dict, "results": list, "copy_bandwidth_gb_s": NUM}, "$")
@@ -80,6 +84,12 @@ def validate(payload: dict) -> None:
         _check(payload, {"config": dict, "results": list, "models": dict}, "$")
         for i, row in enumerate(payload["results"]):
             _check(row, PASS_ROW, f"$.results[{i}]")
+    elif kind == "agreement":
+        _check(payload, {"config": dict, "results": list, "summary": dict, "divergences": list, "dtype": str}, "$")
+        for i, row in enumerate(payload["results"]):
+            _check(row, {"set": str, "prompt": int, "mode": str, "identical": bool}, f"$.results[{i}]")
+        for i, row in enumerate(payload["divergences"]):
+            _check(row, {"position": int, "margin": dict, "margin_fp32": dict}, f"$.divergences[{i}]")
     elif kind == "parity":
         _check(payload, {"config": dict, "results": list, "model": str, "parameters": int}, "$")
         for i, row in enumerate(payload["results"]):

@@ -263,6 +263,7 @@ def generate_speculative(
     on_round: Callable[[RoundInfo], None] | None = None,
     overlap: str = "thread",
     successor_threshold: float = 0.0,
+    exact: bool = False,
 ) -> GenerationOutput:
     """Speculative decoding, synchronous (``mode="sync"``) or D3D asynchronous (``"async"``).
 
@@ -289,6 +290,10 @@ def generate_speculative(
     release the GIL), ``"packed"`` (one joint pass of both models, ``d3d.packed``; needs the
     drafter to have the target's layer shapes), ``"stream"`` (a second CUDA stream) or
     ``"none"`` (one after the other, for measuring what the overlap buys).
+
+    ``exact``: verification attends one query row at a time, as AR steps do, so that greedy
+    output equals AR bit for bit in low precision too (``KVCache.layout(row_invariant=)``);
+    without it bf16 outputs may part at near-ties of the target's logits (bench agreement).
     """
     B = block_size or drafter.block_size
     if B < 2:
@@ -346,7 +351,7 @@ def generate_speculative(
         draft_t = torch.tensor([drafts[i] for i in rows], device=dev)
 
         def verify_inputs():
-            vlayout = tcache.layout([B] * len(rows), rows)
+            vlayout = tcache.layout([B] * len(rows), rows, row_invariant=exact)
             return torch.tensor([[committed[i][-1]] + drafts[i] for i in rows], device=dev).flatten(), vlayout
 
         def judge(logits):
@@ -507,14 +512,13 @@ OVERLAPS = ("thread", "packed", "stream", "none")
 
 
 def default_overlap(target: Transformer, drafter: "Drafter") -> str:
-    """CUDA: a second stream. CPU: the packed pass when the shapes allow it — measured fastest of
-    the CPU strategies (bench/speculative.py: packed 0.89x, none 0.83x, thread 0.76x of ar on
-    held-out code with the bundled pair, 2-core CPU); otherwise a second thread."""
-    from .packed import can_pack
+    """CUDA: a second stream. CPU: ``"none"`` (successor pass after verification, same thread).
 
-    if target.device.type == "cuda":
-        return "stream"
-    return "packed" if hasattr(drafter, "model") and can_pack(target, drafter.model) else "thread"
+    Measured on the bundled pair, bf16 with prepacked weights, 8 held-out code prompts, one run
+    (AMD EPYC Zen 5, 2 cores): async@0.3 none 1.65x, packed 1.60x, thread 1.27x of ar (sync 1.58x).
+    The packed pass's stacked bmm weights cannot use the prepacked per-model matmuls, and two
+    threads on two cores halve each pass's cores; ``none`` also keeps ``exact`` available."""
+    return "stream" if target.device.type == "cuda" else "none"
 
 
 def _packed_pair(target: Transformer, drafter: "Drafter"):
@@ -544,6 +548,7 @@ def generate(
     on_round: Callable[[RoundInfo], None] | None = None,
     overlap: str | None = None,
     successor_threshold: float | None = None,
+    exact: bool = False,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -556,6 +561,8 @@ def generate(
     top_k/top_p apply to ``ar`` only (speculative modes sample from the full distribution at T).
     overlap / successor_threshold: how async runs the successor pass (see ``generate_speculative``;
         default overlap: ``default_overlap``).
+    exact: speculative modes on CPU verify with row-invariant attention: greedy output then equals
+        ``ar`` token for token in bf16 too, at about +30-50% verification cost (``generate_speculative``).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -593,6 +600,9 @@ def generate(
         successor_threshold = 0.0 if model.device.type == "cuda" else 0.3
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
+    if exact and mode == "async" and overlap == "packed":
+        raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
+                         "not 'packed' (its joint pass attends all rows at once)")
     with _split_cpu_threads(mode == "async" and overlap == "thread" and model.device.type == "cpu"):
         return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops,
-                                    stream, on_round, overlap, successor_threshold)
+                                    stream, on_round, overlap, successor_threshold, exact)

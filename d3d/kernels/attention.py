@@ -276,12 +276,18 @@ class SeqPlan:
     causal: bool
 
 
-def torch_plan(cu: list[int], cached: list[int], rows, group_ids: torch.Tensor) -> list[SeqPlan]:
+def torch_plan(cu: list[int], cached: list[int], rows, group_ids: torch.Tensor,
+               row_invariant: bool = False) -> list[SeqPlan]:
     """Per-sequence SDPA arguments, built once per pass and reused by every layer.
 
     Per sequence the cheapest SDPA form: no mask for a single new token, ``is_causal`` for a
     causal layout with an empty cache, and otherwise a boolean mask ``[L, c+L]`` (cached columns
     all True, new columns ``g[None, :] <= g[:, None]``).
+
+    ``row_invariant``: a causal run after a non-empty cache (a verification pass) is planned as L
+    one-query calls, query i over keys 0..c+i: exactly the call a one-token decoding step makes.
+    SDPA's result for a row depends on how many query rows share the call, so only this makes
+    a 16-token verification and 16 decoding steps round alike (low-precision losslessness).
     """
     plan = []
     for n, (s, e, c) in enumerate(zip(cu[:-1], cu[1:], cached)):
@@ -296,6 +302,9 @@ def torch_plan(cu: list[int], cached: list[int], rows, group_ids: torch.Tensor) 
                 raise ValueError("packed_attention: group_ids must be non-decreasing inside each sequence")
             if step > 0 and c == 0:
                 causal = True  # strictly increasing groups: SDPA's top-left causal mask is exact
+            elif step > 0 and row_invariant:
+                plan.extend(SeqPlan(s + i, s + i + 1, rows[n], c + i, None, False) for i in range(L))
+                continue
             else:
                 mask = torch.ones(L, c + L, dtype=torch.bool, device=group_ids.device)
                 mask[:, c:] = g[None, :] <= g[:, None]
