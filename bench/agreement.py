@@ -47,7 +47,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=30, help="prompts per set (default 30)")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=96)
-    ap.add_argument("--modes", nargs="+", default=["sync", "async"])
+    ap.add_argument("--modes", nargs="+", default=["sync", "async", "sync+exact"],
+                    help="speculative modes; +exact: row-invariant verification (must always agree)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
@@ -64,8 +65,9 @@ def main(argv=None) -> dict:
         for i, prompt in enumerate(load_prompt_set(name, tok, args.n, args.prompt_len)):
             ar = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[]).tokens[0]
             for mode in args.modes:
-                spec = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[], mode=mode,
-                                    drafter=drafter).tokens[0]
+                name_, _, flag = mode.partition("+")
+                spec = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[], mode=name_,
+                                    drafter=drafter, exact=flag == "exact").tokens[0]
                 same = spec == ar
                 rows.append({"set": name, "prompt": i, "mode": mode, "identical": same})
                 if not same:
