@@ -85,3 +85,22 @@ def test_bundled_qwen_pair_is_lossless():
                            drafter=drafter)
         assert out.tokens == ar.tokens
         assert out.stats.tau > 1.5
+
+
+@pytest.mark.skipif(not (DRAFTER / "config.json").exists(), reason="bundled drafter not trained yet")
+def test_bf16_exact_mode_equals_bf16_ar():
+    """bf16 with exact=True: verification rounds like AR steps, so greedy outputs are identical.
+
+    The prompts are ones whose plain bf16 sync output parted from AR at a near-tie when measured
+    (docs/results/cpu-fastpath/agreement_bf16.json: humaneval 4 at token 6, code 3 at token 30)."""
+    from d3d.prompts import load_prompt_set
+
+    target = d3d.load_model(TARGET, dtype="bfloat16")
+    drafter = d3d.load_drafter(DRAFTER, target=target)
+    tok = d3d.load_tokenizer(TARGET)
+    prompts = [load_prompt_set("humaneval", tok, 5)[4], load_prompt_set("code", tok, 4, 64)[3]]
+    for ids in prompts:
+        ar = d3d.generate(target, ids, max_new_tokens=40, stop_ids=[])
+        for mode in ("sync", "async"):
+            out = d3d.generate(target, ids, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, exact=True)
+            assert out.tokens == ar.tokens, mode
