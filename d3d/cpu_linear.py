@@ -47,8 +47,9 @@ class PackedWeight:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none", [], "")
+        if x.dim() == 2:  # packed passes: [T, d]
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
 
 

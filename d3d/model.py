@@ -119,9 +119,9 @@ class Attention(nn.Module):
         shape, H, Hkv, D = x.shape[:-1], self.n_heads, self.n_kv, self.head_dim
         qkv = self.qkv_proj(x)
         qk, v = qkv[..., : (H + Hkv) * D].unflatten(-1, (H + Hkv, D)), qkv[..., (H + Hkv) * D:]
-        if self.cfg.qk_norm:
-            q, k = qk.split([H, Hkv], dim=-2)
-            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-2)
+        if self.cfg.qk_norm:  # both norms in one call: per-head RMSNorm, then each head's weight
+            w = torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(Hkv, D)])
+            qk = rms_norm(qk, None, self.cfg.rms_norm_eps) * w
         q, k = apply_rope(qk, cos, sin, qk_dtype).split([H, Hkv], dim=-2)
         return q, k, v.view(*shape, Hkv, D)
 
