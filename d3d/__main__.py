@@ -102,7 +102,7 @@ def cmd_generate(args) -> int:
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer,
                        mode=args.mode, drafter=drafter, block_size=args.block_size,
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
-                       successor_threshold=args.successor_threshold)
+                       successor_threshold=args.successor_threshold, exact=args.exact)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -263,11 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
                         "timing overlap of drafting and verification")
     g.add_argument("--overlap", choices=["thread", "packed", "stream", "none"], default=None,
-                   help="async: how drafting runs beside verification (default: stream on CUDA; on CPU the "
-                        "packed pass when drafter and target share layer shapes, else a thread)")
+                   help="async: how drafting runs beside verification (default: stream on CUDA; none on CPU, "
+                        "i.e. the successor pass right after verification, measured fastest on 2 cores)")
     g.add_argument("--successor-threshold", type=float, default=None,
                    help="async: draft the successor only when the drafter's confidence product over the "
                         "current draft is at least this (0 = always, as in D3D; default 0.3 on CPU, 0 on CUDA)")
+    g.add_argument("--exact", action="store_true",
+                   help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
+                        "token for token in bf16 too (slower verification; without it bf16 outputs may part at "
+                        "near-ties of the target's logits)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")
