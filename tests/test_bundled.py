@@ -91,8 +91,8 @@ def test_bundled_qwen_pair_is_lossless():
 def test_bf16_exact_mode_equals_bf16_ar():
     """bf16 with exact=True: verification rounds like AR steps, so greedy outputs are identical.
 
-    The prompts are ones whose plain bf16 sync output parted from AR at a near-tie when measured
-    (docs/results/cpu-fastpath/agreement_bf16.json: humaneval 4 at token 6, code 3 at token 30)."""
+    HumanEval prompt 4 is one whose plain bf16 sync output parted from AR at a near-tie when
+    measured (docs/results/cpu-fastpath/agreement_bf16.json: at token 28)."""
     from d3d.prompts import load_prompt_set
 
     target = d3d.load_model(TARGET, dtype="bfloat16")
