@@ -6,6 +6,10 @@ float32, on a cache already holding ``--context`` tokens; every (model, dtype, T
 repeat, repeats interleaved so that machine drift hits all alike; medians are reported.
 
     python -m bench passes [--target DIR] [--drafter DIR] [--T 1 2 4 8 16 32] [--out FILE]
+    python -m bench passes --preset qwen3-1.7b --device cuda --T 1 2 4 8 16 32 64   (a GPU)
+
+``host_ms`` is the time until the forward call returns; on CUDA, a ``host_ms`` close to ``ms``
+means the pass is bound by launching kernels rather than by running them.
 """
 
 from __future__ import annotations
@@ -28,26 +32,49 @@ from d3d.precision import auto_dtype  # noqa: E402
 
 def pass_runner(model, T: int, context: int):
     """A function running one T-token pass after ``context`` cached tokens (the cache is rolled
-    back after each run, so every run sees the same state)."""
+    back after each run, so every run sees the same state). On CUDA it returns the host time
+    to enqueue the pass; the caller's timer (after a synchronize) gives the whole pass."""
     cache = model.new_cache(1, context + T)
     gen = torch.Generator().manual_seed(T)
-    prompt = torch.randint(0, model.cfg.vocab_size, (context,), generator=gen)
-    new = torch.randint(0, model.cfg.vocab_size, (T,), generator=gen)
+    prompt = torch.randint(0, model.cfg.vocab_size, (context,), generator=gen).to(model.device)
+    new = torch.randint(0, model.cfg.vocab_size, (T,), generator=gen).to(model.device)
+    cuda = model.device.type == "cuda"
     with torch.inference_mode():
         model(prompt, cache.layout([context]), cache)
 
     def run():
+        t = time.perf_counter()
         with torch.inference_mode():
             model(new, cache.layout([T]), cache)
+        host = time.perf_counter() - t
+        if cuda:
+            torch.cuda.synchronize()
         cache.crop(0, context)
+        return host
 
     return run
+
+
+def random_model(name: str, dtype: str, device: str):
+    """A random-weight model of preset ``name`` (std 0.02), for shapes no checkpoint here has."""
+    from d3d.config import preset
+    from d3d.model import Transformer
+    from d3d.precision import resolve_dtype
+
+    with torch.device(device):
+        model = Transformer(preset(name))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return model.to(resolve_dtype(dtype, device)).eval().requires_grad_(False).pack_for_cpu()
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench passes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", help="target directory (default: the bundled target)")
+    ap.add_argument("--preset", help="time a random-weight model of this d3d.config preset instead of --target "
+                                     "(e.g. qwen3-1.7b on a GPU; implies --drafter none)")
+    ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
     ap.add_argument("--drafter", help="D3D drafter directory (default: the bundled drafter; 'none' to skip)")
     ap.add_argument("--T", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="new tokens per pass")
     ap.add_argument("--context", type=int, default=64, help="tokens already cached (default 64)")
@@ -58,17 +85,22 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if any(t < 1 for t in args.T) or args.context < 1 or args.repeats < 1:
         ap.error("--T values, --context and --repeats must be >= 1")
-    policy = auto_dtype("cpu")
+    policy = auto_dtype(args.device)
     dtypes = args.dtypes or list(dict.fromkeys([policy.dtype, "float32"]))
     print(f"dtype policy: {policy.dtype} ({policy.reason})", file=sys.stderr)
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
-    drafter_dir = None if args.drafter == "none" else Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
+    drafter_dir = None if args.drafter == "none" or args.preset else \
+        Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
 
     runners, models = {}, {}
     for dt in dtypes:
-        target = d3d.load_model(target_dir, dtype=dt)
+        if args.preset:
+            target = random_model(args.preset, dt, args.device)
+        else:
+            target = d3d.load_model(target_dir, dtype=dt, device=args.device)
         todo = {"target": target}
-        models["target"] = {"dir": str(target_dir), "parameters": target.cfg.num_parameters()}
+        models["target"] = {"dir": f"random {args.preset}" if args.preset else str(target_dir),
+                            "parameters": target.cfg.num_parameters()}
         if drafter_dir is not None:
             drafter = d3d.load_drafter(drafter_dir, target=target)
             todo["drafter"] = drafter.model
@@ -77,12 +109,13 @@ def main(argv=None) -> dict:
             for T in args.T:
                 runners[(name, dt, T)] = pass_runner(model, T, args.context)
     times = {k: [] for k in runners}
-    for fn in runners.values():  # warm-up
+    host = {k: [] for k in runners}
+    for fn in runners.values():  # warm-up (on CUDA: Triton compiles here)
         fn()
     for i in range(args.repeats):
         for k, fn in runners.items():
             t = time.perf_counter()
-            fn()
+            host[k].append(fn())
             times[k].append(time.perf_counter() - t)
         if (i + 1) % 10 == 0:
             print(f"  repeat {i + 1}/{args.repeats}", file=sys.stderr, flush=True)
@@ -91,14 +124,16 @@ def main(argv=None) -> dict:
     for (name, dt, T), ts in times.items():
         ms = statistics.median(ts) * 1e3
         results.append({"model": name, "dtype": dt, "T": T, "ms": ms, "ms_min": min(ts) * 1e3,
-                        "ms_max": max(ts) * 1e3})
+                        "ms_max": max(ts) * 1e3, "host_ms": statistics.median(host[(name, dt, T)]) * 1e3})
     base = {(r["model"], r["dtype"]): r["ms"] for r in results if r["T"] == min(args.T)}
     for r in results:
         r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"])]
     print(markdown_table(["model", "dtype", "T", "ms (median)", "min..max", f"vs T={min(args.T)}"],
                          [[r["model"], r["dtype"], r["T"], f"{r['ms']:.2f}", f"{r['ms_min']:.2f}..{r['ms_max']:.2f}",
                            f"{r['vs_T1']:.2f}x"] for r in results]))
-    payload = {"bench": "passes", "machine": machine(), "config": vars(args), "models": models, "results": results}
+    payload = {"bench": "passes", "machine": machine(), "config": vars(args), "models": models, "results": results,
+               # on CUDA: host_ms close to ms means the pass is launch-bound (the GPU waits for the host)
+               "cuda_graphs": "not supported by the engines yet" if args.device.startswith("cuda") else None}
     write_json(args.out, payload)
     return payload
 

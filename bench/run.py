@@ -2,6 +2,7 @@
 
   speculative    ar vs sync vs async end to end: τ, tok/s, speedup over ar, hit rate, time split
   agreement      greedy sync/async vs ar token for token in bf16; margins of the target at every divergence
+  gpu            every GPU measurement in one call, each stage time-boxed (--dry-run: CPU, toy sizes)
   passes         pass-cost curve: one forward over T = 1..32 new tokens, target and drafter, per dtype
   decode         d3d vs transformers autoregressive decode (tok/s, GB/s vs copy bandwidth)
   kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
@@ -37,6 +38,7 @@ def run_kernels(argv: list[str]) -> dict:
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     ap.add_argument("--compare", default=None, help="a previous kernels JSON to compare against")
+    ap.add_argument("--attention-only", action="store_true", help="skip the accept/denoise kernels")
     args, rest = ap.parse_known_args(argv)
     quick_att = ["--batch", "2", "--cache-len", "32", "--prefill-len", "16", "--repeats", "1", "--heads", "4",
                  "--kv-heads", "2", "--head-dim", "16"] if args.quick else []
@@ -47,7 +49,8 @@ def run_kernels(argv: list[str]) -> dict:
     payload = {"bench": "kernels", "machine": machine(),
                "copy_bandwidth_gb_s": copy_bandwidth_gbs(16 << 20 if args.quick else 256 << 20),
                "matmul_tflops": matmul_tflops(256 if args.quick else 2048, device=device),
-               "attention": attention.main(quick_att + rest), "sampling": sampling.main(quick_smp)}
+               "attention": attention.main(quick_att + rest),
+               "sampling": {"config": {"skipped": True}, "results": []} if args.attention_only else sampling.main(quick_smp)}
     # achieved vs the machine's measured ceilings: matmul FLOP/s for attention, copy bandwidth for sampling
     for r in payload["attention"]["results"]:
         r["of_matmul_peak"] = r["tflops"] / payload["matmul_tflops"]
@@ -119,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         import agreement
 
         schema.validate(agreement.main(rest))
+    elif cmd == "gpu":
+        import gpu
+
+        schema.validate(gpu.main(rest))
     elif cmd == "passes":
         import passes
 

@@ -21,6 +21,9 @@ passes: ``results`` = [{model, dtype, T, ms, ms_min, ms_max, vs_T1}] (one forwar
 agreement: ``results`` = [{set, prompt, mode, identical}], ``summary`` {mode: {prompts, identical,
     agreement}}, ``divergences`` = [{set, prompt, mode, position, ar_token, spec_token, margin,
     margin_fp32}] (margins: {a_minus_b, top2_gap, a_is_argmax}), ``dtype``.
+gpu: ``device`` (versions, device name, memory), ``stages`` {name: {status ok|failed|timeout|skipped,
+    returncode, seconds, command, and log, tables (its Markdown rows), last_lines when it ran}};
+    each stage's own JSON sits beside it in the output directory.
 parity: ``results`` = [{prompt, prompt_tokens, max_abs_logit_diff, argmax_agree, greedy_tokens,
     greedy_identical, ...}] for one real checkpoint (``model``, ``parameters``) vs transformers.
 """
@@ -90,6 +93,12 @@ def validate(payload: dict) -> None:
             _check(row, {"set": str, "prompt": int, "mode": str, "identical": bool}, f"$.results[{i}]")
         for i, row in enumerate(payload["divergences"]):
             _check(row, {"position": int, "margin": dict, "margin_fp32": dict}, f"$.divergences[{i}]")
+    elif kind == "gpu":
+        _check(payload, {"config": dict, "device": dict, "stages": dict}, "$")
+        for name, row in payload["stages"].items():
+            _check(row, {"status": str, "seconds": NUM, "command": str}, f"$.stages.{name}")
+            if row["status"] not in ("ok", "failed", "timeout", "skipped"):
+                raise ValueError(f"$.stages.{name}.status: unknown status {row['status']!r}")
     elif kind == "parity":
         _check(payload, {"config": dict, "results": list, "model": str, "parameters": int}, "$")
         for i, row in enumerate(payload["results"]):

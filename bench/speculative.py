@@ -125,6 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=["ar", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
                                                    "async:thread", "async@0"])
     ap.add_argument("--dtype", default="auto", help="dtype of both models (default: the policy's choice)")
+    ap.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--compare", default=None, help="a previous speculative JSON to compare against")
@@ -140,11 +141,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
     drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
-    target = d3d.load_model(target_dir, dtype=args.dtype)
+    target = d3d.load_model(target_dir, dtype=args.dtype, device=args.device)
     tok = d3d.load_tokenizer(target_dir)
     args.stop_ids = tok.stop_token_ids() if args.chat else []
     drafter = d3d.load_drafter(drafter_dir, target=target)
-    args.fp32_target = d3d.load_model(target_dir, dtype="float32") if "ar-fp32" in args.modes else None
+    args.fp32_target = (d3d.load_model(target_dir, dtype="float32", device=args.device)
+                        if "ar-fp32" in args.modes else None)
     args.dflash_drafter = None
     dflash_dir = Path(args.dflash) if args.dflash else models_dir() / BUNDLED_DFLASH
     if any(m.startswith("dflash") for m in args.modes):

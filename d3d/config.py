@@ -223,6 +223,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-100m": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                        num_attention_heads=12, num_key_value_heads=4, head_dim=64,
                        max_position_embeddings=4096, tie_word_embeddings=True),
+    # the shape of Qwen3-1.7B (random weights): the GPU pass-cost bench (python -m bench gpu).
+    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=True),
 }
 
 

@@ -27,6 +27,18 @@ import pytest  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture
+def kernel_device():
+    """Kernel tests (``pytestmark = pytest.mark.usefixtures("kernel_device")``) build their tensors
+    on the GPU when there is one, so the real Triton compiler runs; on the CPU otherwise, where
+    TRITON_INTERPRET=1 (above) runs the kernels in the interpreter."""
+    if _cuda:
+        with torch.device("cuda"):
+            yield torch.device("cuda")
+    else:
+        yield torch.device("cpu")
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)

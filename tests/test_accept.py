@@ -17,6 +17,8 @@ from d3d.kernels.accept import AcceptResult, accept, accept_torch
 
 V_LARGE = 151936
 
+pytestmark = pytest.mark.usefixtures("kernel_device")  # GPU when present: tests/conftest.py
+
 
 def _oracle_greedy(draft, logits):
     """Plain loops, T = 0: (accept_len, bonus) per sequence."""
@@ -33,7 +35,7 @@ def _oracle_greedy(draft, logits):
 
 def _greedy_case(N, B, V, *, dtype=torch.float32, p_keep=0.8, seed=0):
     """Drafts that follow the target argmax for a random number of steps, then diverge."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=torch.get_default_device()).manual_seed(seed)
     logits = (torch.randn(N, B, V, generator=g) * 2).to(dtype)
     draft = logits[:, : B - 1].float().argmax(-1)
     wrong = torch.rand(N, B - 1, generator=g) > p_keep
@@ -197,7 +199,7 @@ def test_kernel_matches_torch_sampled(monkeypatch, with_q):
     """Both paths draw identical noise, so they agree sequence by sequence; ``log``/``exp`` may
     differ by an ulp between libraries and flip a near-tie, hence >= 99% rather than all."""
     N, B, V = 48, 4, 300
-    g = torch.Generator().manual_seed(8)
+    g = torch.Generator(device=torch.get_default_device()).manual_seed(8)
     logits = torch.randn(N, B, V, generator=g) * 4
     q = torch.softmax(logits[:, : B - 1] / 0.9 + 0.5 * torch.randn(N, B - 1, V, generator=g), -1)
     draft = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(N, B - 1)
@@ -263,7 +265,7 @@ def _lossless_case(N, B, with_q, seed, greedy_drafts=False):
     """Drafts sampled from DRAFTER (with q); one-hot drafts sampled from the target at T = 1 (a
     reasonable drafter, so that acceptances are common) or, with ``greedy_drafts``, its argmax
     (one token per row: the biased control then shows with fewer samples)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=torch.get_default_device()).manual_seed(seed)
     logits = TARGET[:B].expand(N, B, -1).contiguous()
     q = DRAFTER if with_q else torch.softmax(TARGET, -1)
     q = q[: B - 1].expand(N, B - 1, -1).contiguous()
@@ -278,7 +280,7 @@ def _biased(draft, logits, q, seed):
     """Deliberately wrong rules, vectorised. One-hot drafts: accept d with probability p(d) but
     resample the bonus from all of p (d included). With q: accept with min(1, p/q) but sample the
     bonus from p instead of the residual. Returns (tokens [N, B], accept_len [N])."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=torch.get_default_device()).manual_seed(seed)
     N, B, V = logits.shape
     p = torch.softmax(logits / T_LOSSLESS, -1)
     p_d = p[:, : B - 1].gather(-1, draft.unsqueeze(-1)).squeeze(-1)

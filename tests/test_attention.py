@@ -26,6 +26,8 @@ from d3d.kernels.naive import bd3_training_mask_reference, packed_attention_refe
 BACKENDS = ["torch", "triton"]
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
+pytestmark = pytest.mark.usefixtures("kernel_device")  # GPU when present: tests/conftest.py
+
 
 @pytest.fixture(params=BACKENDS)
 def backend(request, monkeypatch):

@@ -18,6 +18,14 @@ import schema  # noqa: E402
 from run import main as bench_main, readme_table  # noqa: E402
 
 
+def bench_main_payload(argv):
+    """Run a bench command and return its payload (run.main returns only an exit code)."""
+    import gpu
+
+    assert argv[0] == "gpu"
+    return gpu.main(argv[1:])
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     """A random tiny target with the bundled tokenizer, and a random drafter of its shape."""
@@ -102,3 +110,32 @@ def test_parity_smoke(tiny_pair, tmp_path):
     payload["results"][0]["greedy_identical"] = "yes"
     with pytest.raises(ValueError, match=r"results\[0\].greedy_identical"):
         schema.validate(payload)
+
+
+def test_gpu_script_dry_run(tmp_path):
+    """python -m bench gpu --dry-run: every stage of the GPU plan runs (CPU, toy sizes) and reports."""
+    payload = bench_main_payload(["gpu", "--dry-run", "--out", str(tmp_path / "gpu")])
+    schema.validate(payload)
+    assert list(payload["stages"]) == ["kernel-tests", "kernels-4k", "passes", "speculative", "kernels-1k", "kernels-8k"]
+    failed = {n: r["last_lines"] for n, r in payload["stages"].items() if r["status"] != "ok"}
+    assert not failed, failed
+    for name in ("kernels_4k.json", "passes.json", "speculative.json", "gpu.json", "summary.md"):
+        assert (tmp_path / "gpu" / name).is_file(), name
+    schema.validate(json.loads((tmp_path / "gpu" / "passes.json").read_text()))
+
+
+def test_gpu_script_refuses_a_cpu_without_dry_run(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        bench_main(["gpu", "--out", str(tmp_path)])
+
+
+def test_passes_smoke(tmp_path):
+    out = tmp_path / "passes.json"
+    bench_main(["passes", "--preset", "qwen3-tiny", "--T", "1", "3", "--repeats", "2", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    assert {r["T"] for r in payload["results"]} == {1, 3}
+    assert all(r["vs_T1"] == 1.0 for r in payload["results"] if r["T"] == 1)
+    assert payload["machine"]["dtype_policy"]["dtype"] in ("float32", "bfloat16")

@@ -20,6 +20,8 @@ from d3d.kernels.denoise import denoise_step, denoise_step_torch
 
 V_LARGE = 151936  # the Qwen vocabulary
 
+pytestmark = pytest.mark.usefixtures("kernel_device")  # GPU when present: tests/conftest.py
+
 
 def _run(backend, monkeypatch, logits, tokens, masked, **kw):
     """One step on copies of tokens/masked; returns (tokens, masked, confidence, committed)."""
@@ -31,7 +33,7 @@ def _run(backend, monkeypatch, logits, tokens, masked, **kw):
 
 
 def _random_case(N, B, V, *, dtype=torch.float32, p_masked=0.7, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=torch.get_default_device()).manual_seed(seed)
     logits = (torch.randn(N, B, V, generator=g) * 3).to(dtype)
     tokens = torch.randint(0, V, (N, B), generator=g)
     masked = torch.rand(N, B, generator=g) < p_masked
@@ -124,7 +126,7 @@ def test_gumbel_noise_has_gumbel_moments_and_tail():
 
 def test_gumbel_argmax_pruning_is_exact():
     """Drawing noise only near the row maximum gives exactly the dense Gumbel-max."""
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(device=torch.get_default_device()).manual_seed(1)
     V = 5000
     z = torch.randn(6, V, generator=g) * 2
     z[:, 100:300] += 30.0  # peaked rows: only ~200 candidates each

@@ -28,7 +28,7 @@ def packed_attention_reference(
     N = len(cu) - 1
     rows = list(range(N)) if cache_rows is None else [int(x) for x in cache_rows]
     groups = [int(x) for x in group_ids]
-    out = torch.zeros(T, H, D, dtype=torch.float64)
+    out = torch.zeros(T, H, D, dtype=torch.float64, device="cpu")  # the oracle runs on the CPU
 
     for n in range(N):
         start, end, c = cu[n], cu[n + 1], int(cache_lens[n])
@@ -53,17 +53,17 @@ def packed_attention_reference(
         # the visibility mask, entry by entry: [L, c + L]
         visible = [[True] * c + [groups[start + j] <= groups[start + i] for j in range(L)]
                    for i in range(L)]
-        visible = torch.tensor(visible)
+        visible = torch.tensor(visible, device="cpu")
         query = q[start:end].double().cpu().transpose(0, 1)  # [H, L, D]
         scores = torch.einsum("hld,hsd->hls", query, keys) * scale
         weights = torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
         out[start:end] = torch.einsum("hls,hsd->lhd", weights, values)
-    return out
+    return out.to(q.device)
 
 
 def bd3_training_mask_reference(L: int, block_size: int) -> torch.Tensor:
     """The BD3 training mask over ``x_t ⊕ x_0`` built entry by entry (bool [2L, 2L])."""
-    mask = torch.zeros(2 * L, 2 * L, dtype=torch.bool)
+    mask = torch.zeros(2 * L, 2 * L, dtype=torch.bool, device="cpu")
     for i in range(2 * L):
         for j in range(2 * L):
             q_clean, k_clean = i >= L, j >= L
