@@ -45,10 +45,8 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import torch
-import triton
-import triton.language as tl
 
-from . import use_triton
+from . import tl, triton, use_triton
 from .denoise import (
     STREAM_ACCEPT_RESIDUAL,
     STREAM_ACCEPT_SAMPLE,

@@ -50,10 +50,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
-from d3d.kernels import interpreting, use_triton
+from d3d.kernels import interpreting, tl, triton, use_triton
 
 __all__ = [
     "packed_attention",

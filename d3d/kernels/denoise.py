@@ -62,10 +62,8 @@ the vocabulary (``gumbel_argmax_torch``: same result, several times faster on pe
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from . import use_triton
+from . import tl, triton, use_triton
 
 __all__ = ["denoise_step", "denoise_step_torch", "RULES"]
 
