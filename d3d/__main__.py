@@ -75,17 +75,62 @@ class Explainer:
         print("\n".join(lines), file=self.out, flush=True)
 
 
+def drafter_kind(path: Path) -> str:
+    """'d3d' or 'dflash', from the drafter directory's config.json (named in every error)."""
+    config = path / "config.json"
+    try:
+        raw = json.loads(config.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--drafter {path}: no config.json there (expected a drafter directory)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config}: cannot read it as JSON ({e})") from None
+    kinds = [k for k in ("d3d", "dflash") if isinstance(raw, dict) and isinstance(raw.get(k), dict)]
+    if len(kinds) != 1:
+        raise ValueError(f"{config}: not a drafter config (needs a 'd3d' or a 'dflash' section)")
+    return kinds[0]
+
+
+def choose_drafter(args, model):
+    """(mode, drafter, note for the summary line) for ``generate``.
+
+    An explicit --drafter decides the drafter, its kind the default mode (D3D: async, DFlash:
+    dflash); an explicit --mode must fit it. Without --drafter the bundled D3D drafter is used
+    when it fits the model; otherwise the default is autoregressive, and the note says why.
+    """
+    import d3d
+    from d3d.assets import BUNDLED_DRAFTER, bundled
+    from d3d.dflash import load_dflash
+
+    if args.mode == "ar":
+        return "ar", None, ""
+    if args.drafter:
+        path = Path(args.drafter)
+        kind = drafter_kind(path)
+        mode = args.mode or ("dflash" if kind == "dflash" else "async")
+        if (mode == "dflash") != (kind == "dflash"):
+            raise ValueError(f"--mode {mode} needs a {'DFlash' if mode == 'dflash' else 'D3D'} drafter; "
+                             f"{path / 'config.json'} is a {'DFlash' if kind == 'dflash' else 'D3D'} drafter")
+        return mode, (load_dflash(path, model) if kind == "dflash" else d3d.load_drafter(path, target=model)), ""
+    if args.mode == "dflash":
+        raise ValueError("--mode dflash needs --drafter DIR (a DFlash drafter, e.g. models/dflash-drafter-12m)")
+    try:
+        drafter = d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=model)
+    except (FileNotFoundError, ValueError) as e:
+        if args.mode:  # sync/async asked for explicitly: say what is missing
+            raise ValueError(f"--mode {args.mode} needs a drafter for this model; the bundled "
+                             f"{BUNDLED_DRAFTER} does not fit it ({e}); pass --drafter DIR") from None
+        return "ar", None, f"autoregressive: the bundled drafter does not fit this model; pass --drafter DIR"
+    return args.mode or "async", drafter, ""
+
+
 def cmd_generate(args) -> int:
     import d3d
-    from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
+    from d3d.assets import BUNDLED_TARGET, bundled
 
     model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
     tok = d3d.load_tokenizer(args.tokenizer or model_dir)
     model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device)
-    drafter = None
-    if args.mode != "ar":
-        drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
-        drafter = d3d.load_drafter(drafter_dir, target=model)
+    mode, drafter, note = choose_drafter(args, model)
     if not args.prompt:
         raise SystemExit("error: --prompt is empty")
     if args.chat:
@@ -100,14 +145,14 @@ def cmd_generate(args) -> int:
     printer = None if (args.json or args.explain) else StreamPrinter(tok)
     out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer,
-                       mode=args.mode, drafter=drafter, block_size=args.block_size,
+                       mode=mode, drafter=drafter, block_size=args.block_size,
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
         print(json.dumps({"text": tok.decode(tokens, skip_special_tokens=True), "token_ids": tokens,
-                          "num_prompt_tokens": len(ids), "mode": args.mode,
+                          "num_prompt_tokens": len(ids), "mode": mode, "note": note,
                           "dtype": str(model.dtype).removeprefix("torch."), "stats": s.to_dict()}))
         return 0
     if args.explain:
@@ -122,7 +167,7 @@ def cmd_generate(args) -> int:
     else:
         summary += f", {s.target_forwards} target forwards"
     summary += ", stopped on a stop token" if s.stopped[0] else ", reached --max-new-tokens"
-    print(summary, file=sys.stderr)
+    print(summary + (f" ({note})" if note else ""), file=sys.stderr)
     return 0
 
 
@@ -254,10 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Generate a continuation (or a chat reply with --chat) and stream it to stdout. "
                                    "A one-line summary goes to stderr; --json prints one JSON object instead.")
     g.add_argument("--model", help="target checkpoint directory (default: the bundled models/target-12m)")
-    g.add_argument("--drafter", help="drafter directory for sync/async (default: the bundled models/d3d-drafter-12m)")
-    g.add_argument("--mode", choices=["ar", "sync", "async"], default="async",
+    g.add_argument("--drafter", help="drafter directory, D3D or DFlash (detected from its config.json; default: the "
+                                     "bundled models/d3d-drafter-12m when it fits the model)")
+    g.add_argument("--mode", choices=["ar", "sync", "async", "dflash"], default=None,
                    help="ar: one target forward per token; sync: draft then verify; async: D3D, the next block "
-                        "is drafted while the current one is verified (default)")
+                        "is drafted while the current one is verified; dflash: the DFlash baseline (needs "
+                        "--drafter with a DFlash drafter). Default: async with a D3D drafter (the bundled one "
+                        "when it fits the model), dflash with a DFlash --drafter, ar when no drafter fits")
     g.add_argument("--block-size", type=positive_int, default=None, help="tokens per round B (default: the drafter's, 16)")
     g.add_argument("--explain", action="store_true",
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "

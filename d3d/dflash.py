@@ -180,4 +180,6 @@ def load_dflash(path: str | Path, target: Transformer) -> DFlashDrafter:
     drafter.model.load_state_dict(state, strict=False)
     drafter.fc.weight.data.copy_(tensors["fc.weight"])
     drafter.hidden_norm.weight.data.copy_(tensors["hidden_norm.weight"])
-    return drafter.to(target.dtype).eval().requires_grad_(False)
+    drafter = drafter.to(target.dtype).eval().requires_grad_(False)
+    drafter.model.pack_for_cpu()
+    return drafter

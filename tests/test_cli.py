@@ -42,7 +42,7 @@ def test_generate_default_is_async_and_explain(capsys):
     code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--json",
                             "--mode", "sync", "--block-size", "8"], capsys)
     stats = json.loads(out)["stats"]
-    assert stats["block_size"] == 8 and stats["rounds"] >= 1 and stats["tau"] >= 1
+    assert stats["block_size"] == 8 and stats["rounds"] >= 1 and stats["tau"] > 1.5, stats["tau"]
 
 
 def test_clear_errors(capsys, tmp_path):
@@ -60,3 +60,31 @@ def test_init_writes_a_loadable_checkpoint(capsys, tmp_path):
     code, out, _ = run_cli(["generate", "--model", str(tmp_path / "rnd"), "--mode", "ar", "--prompt", "hello",
                             "--max-new-tokens", "3", "--json"], capsys)
     assert code == 0 and len(json.loads(out)["token_ids"]) == 3
+
+
+@pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")
+def test_foreign_model_falls_back_to_ar_and_says_so(capsys, tmp_path):
+    """A model the bundled drafter does not fit decodes autoregressively by default (no error about
+    a file the user never named); asking for a speculative mode explicitly names what is missing."""
+    assert run_cli(["init", str(tmp_path / "m"), "--preset", "qwen3-tiny"], capsys)[0] == 0
+    code, _, err = run_cli(["generate", "--model", str(tmp_path / "m"), "--prompt", "x = 1",
+                            "--max-new-tokens", "4"], capsys)
+    assert code == 0 and "[ar]" in err and "bundled drafter does not fit" in err
+    code, _, err = run_cli(["generate", "--model", str(tmp_path / "m"), "--prompt", "x = 1", "--mode", "sync"], capsys)
+    assert code != 0 and "--mode sync needs a drafter" in err and "--drafter DIR" in err
+
+
+@pytest.mark.skipif(not (models_dir() / "dflash-drafter-12m" / "config.json").exists(), reason="no DFlash drafter")
+def test_dflash_from_the_cli(capsys):
+    dflash = str(models_dir() / "dflash-drafter-12m")
+    code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--drafter", dflash,
+                            "--json"], capsys)
+    obj = json.loads(out)
+    assert code == 0 and obj["mode"] == "dflash" and obj["stats"]["rounds"] >= 1
+    ar = json.loads(run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--mode", "ar",
+                             "--json"], capsys)[1])
+    assert obj["token_ids"] == ar["token_ids"]  # lossless (fp32 in the tests)
+    code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "sync", "--drafter", dflash], capsys)
+    assert code != 0 and "DFlash drafter" in err
+    code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "dflash"], capsys)
+    assert code != 0 and "needs --drafter" in err
