@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError, TypeError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed: not an error

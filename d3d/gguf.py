@@ -12,6 +12,8 @@ directory you name (``--tokenizer``; default: the Qwen3 tokenizer shipped in
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -88,6 +90,17 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
     src, out = Path(src), Path(out)
     if not src.is_file():
         raise FileNotFoundError(f"{src}: no such file")
+    # every dependency before any work: a conversion must not fail after writing gigabytes
+    if tokenizer_dir is None:
+        from .assets import qwen3_tokenizer_dir
+
+        tokenizer_dir = qwen3_tokenizer_dir()  # FileNotFoundError naming the package to install
+    tokenizer_dir = Path(tokenizer_dir)
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{tokenizer_dir / 'tokenizer.json'}: no such file (--tokenizer names a directory "
+                                f"with tokenizer.json)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out}: exists and is not an empty directory; choose another --out or remove it")
     try:
         reader = gguf.GGUFReader(str(src))
     except Exception as e:
@@ -116,20 +129,25 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ValueError(f"{src}: missing tensor(s) {missing[:5]}")
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.save(out)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    if tokenizer_dir is None:
-        from .assets import qwen3_tokenizer_dir
-
-        tokenizer_dir = qwen3_tokenizer_dir()
-    tokenizer_dir = Path(tokenizer_dir)
-    (out / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
-    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text()) \
-        if (tokenizer_dir / "tokenizer_config.json").is_file() else {}
-    if extra["chat_template"]:
-        tok_cfg["chat_template"] = extra["chat_template"]
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    # written into a temporary directory beside ``out`` and renamed at the end: a killed or failed
+    # conversion leaves no half checkpoint that would later look like a model
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        cfg.save(tmp)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+        tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text()) \
+            if (tokenizer_dir / "tokenizer_config.json").is_file() else {}
+        if extra["chat_template"]:
+            tok_cfg["chat_template"] = extra["chat_template"]
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        if out.is_dir():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     log(f"wrote {out}: {cfg.model_type}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"{cfg.num_parameters() / 1e6:.0f}M parameters (float32)")
     return cfg

@@ -83,3 +83,28 @@ def test_bad_gguf_inputs(tmp_path):
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
     with pytest.raises(ValueError, match="not a readable GGUF"):
         convert_gguf(tmp_path / "junk.gguf", tmp_path / "o3")
+
+
+def test_conversion_is_all_or_nothing(tmp_path, monkeypatch):
+    """Dependencies are checked before any work, and a conversion that fails part-way (or is
+    killed) leaves no directory that looks like a checkpoint; a re-run then succeeds."""
+    import d3d.gguf as g
+
+    hf = make_hf_model("qwen3", heads=4, kv_heads=2, head_dim=16, hidden=64, max_pos=128)
+    write_gguf(hf, tmp_path / "m.gguf", "qwen3")
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        g.convert_gguf(tmp_path / "m.gguf", tmp_path / "out", tokenizer_dir=tmp_path / "no-tokenizer")
+    assert not (tmp_path / "out").exists()
+
+    def dies(*a, **kw):
+        raise KeyboardInterrupt  # as if killed while writing the weights
+
+    monkeypatch.setattr(g, "save_file", dies)
+    with pytest.raises(KeyboardInterrupt):
+        g.convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]  # no out/, no partial directory
+    monkeypatch.undo()
+    g.convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    assert d3d.load_model(tmp_path / "out").cfg.num_hidden_layers == hf.config.num_hidden_layers
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        g.convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
