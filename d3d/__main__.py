@@ -256,7 +256,8 @@ def cmd_convert_gguf(args) -> int:
 def cmd_prune(args) -> int:
     import d3d
     from d3d.prune import drop_layers, greedy_prune, layer_importance
-    from d3d.train.drafter import heldout_prompts, measure_tau
+    from d3d.prompts import heldout_prompts
+    from d3d.train.drafter import measure_tau
 
     target = d3d.load_model(args.target)
     tok = d3d.load_tokenizer(args.target)

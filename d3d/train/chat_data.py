@@ -26,7 +26,7 @@ from ..engines import generate
 from ..model import Transformer
 from ..prompts import CHAT_TEMPLATES, code_request
 from ..tokenizer import Tokenizer
-from .corpus import find_corpus, read_texts
+from ..corpus import find_corpus, read_texts
 
 def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
     """Header + docstring of every function with a docstring in ``texts`` (dedented, in order)."""

@@ -24,7 +24,8 @@ from ..engines import generate
 from ..model import apply_rope
 from ..tokenizer import Tokenizer
 from .common import Progress, batch_generator, cosine_lr, make_optimizer
-from .drafter import heldout_prompts, init_from_target_layers, make_training_data
+from ..prompts import heldout_prompts
+from .drafter import init_from_target_layers, make_training_data
 
 
 @dataclass

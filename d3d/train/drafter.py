@@ -35,7 +35,8 @@ from ..tokenizer import Tokenizer
 from .common import (Progress, batch_generator, cosine_lr, load_training_state, make_optimizer,
                      save_training_state)
 from .chat_data import chat_prompts, make_chat_training_data
-from .corpus import find_corpus, read_texts
+from ..corpus import find_corpus, read_texts
+from ..prompts import heldout_prompts
 
 BLOCK_KINDS = ("all-mask", "anchored", "partial")
 
@@ -133,24 +134,6 @@ def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | N
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, path)
     return data
-
-
-def heldout_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, prompt_len: int,
-                    seed: int = 1234) -> list[list[int]]:
-    """``n`` prompts of ``prompt_len`` tokens from held-out files (never trained on)."""
-    corpus = find_corpus(corpus_root, heldout_fraction)
-    texts = read_texts(corpus.heldout)
-    gen = torch.Generator().manual_seed(seed)
-    encoded = [ids for ids in (e.ids for e in tok._tok.encode_batch(texts, add_special_tokens=False))
-               if len(ids) > prompt_len + 1]
-    if not encoded:
-        raise ValueError(f"no held-out file in {corpus.root} is longer than {prompt_len} tokens")
-    prompts = []
-    for _ in range(n):
-        ids = encoded[int(torch.randint(len(encoded), (1,), generator=gen))]
-        s = int(torch.randint(0, len(ids) - prompt_len, (1,), generator=gen))
-        prompts.append(ids[s: s + prompt_len])
-    return prompts
 
 
 def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int,

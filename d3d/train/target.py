@@ -29,7 +29,7 @@ from ..tokenizer import Tokenizer
 from .bpe import save_tokenizer, train_bpe
 from .common import (Progress, batch_generator, cosine_lr, load_training_state, make_optimizer,
                      save_training_state)
-from .corpus import find_corpus, read_texts
+from ..corpus import find_corpus, read_texts
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The CPU path imports and runs without Triton installed (pyproject installs it on Linux only)."""
+"""What the run-time package imports: no Triton needed on the CPU path, no training code at run time."""
 
 import subprocess
 import sys
@@ -46,4 +46,21 @@ SCRIPT = textwrap.dedent('''
 
 def test_cpu_path_without_triton():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]
+
+
+def test_run_time_package_does_not_import_training_code():
+    """Prompt sets (run time) and training data share d3d/corpus.py; d3d.prompts never pulls in d3d.train."""
+    script = textwrap.dedent('''
+        import sys
+        import d3d
+        from d3d.assets import BUNDLED_TARGET, bundled
+        from d3d.prompts import code_prompts
+        prompts = code_prompts(d3d.load_tokenizer(bundled(BUNDLED_TARGET)), 2, 16)
+        assert len(prompts) == 2 and all(len(p) == 16 for p in prompts)
+        loaded = sorted(m for m in sys.modules if m.startswith("d3d.train"))
+        assert not loaded, loaded
+        print("OK")
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]
