@@ -119,7 +119,7 @@ def choose_drafter(args, model):
         if args.mode:  # sync/async asked for explicitly: say what is missing
             raise ValueError(f"--mode {args.mode} needs a drafter for this model; the bundled "
                              f"{BUNDLED_DRAFTER} does not fit it ({e}); pass --drafter DIR") from None
-        return "ar", None, f"autoregressive: the bundled drafter does not fit this model; pass --drafter DIR"
+        return "ar", None, "autoregressive: the bundled drafter does not fit this model; pass --drafter DIR"
     return args.mode or "async", drafter, ""
 
 

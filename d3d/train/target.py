@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -248,78 +247,3 @@ def train_target(cfg: TargetTrainConfig, resume: bool = False, log=print) -> dic
 
 
 # ----------------------------------------------------------------------------- model card
-
-
-def heldout_function_headers(corpus_root: str | None, heldout_fraction: float, n: int) -> list[str]:
-    """The first ``n`` top-level ``def`` lines with a docstring from held-out files."""
-    import re
-
-    corpus = find_corpus(corpus_root, heldout_fraction)
-    headers = []
-    for text in read_texts(corpus.heldout):
-        for m in re.finditer(r'^def [^\n]*:\n    """[^\n]*\n', text, flags=re.M):
-            headers.append(m.group(0))
-            break
-        if len(headers) >= n:
-            break
-    return headers
-
-
-def write_target_card(out: str | Path, command: str, samples: int = 4, new_tokens: int = 64) -> str:
-    """Write ``out/README.md`` from ``train_summary.json`` plus greedy samples on held-out headers."""
-    from ..engines import generate
-    from ..checkpoint import load_model
-
-    out = Path(out)
-    summary = json.loads((out / "train_summary.json").read_text())
-    cfg = summary["config"]
-    model, tok = load_model(out), Tokenizer.load(out)
-    lines = []
-    for header in heldout_function_headers(cfg["corpus"], cfg["heldout_fraction"], samples):
-        ids = tok.encode(header)
-        gen = generate(model, ids, max_new_tokens=new_tokens, stop_ids=[tok.token_id("<|endoftext|>")])
-        lines.append("```python\n" + header + tok.decode(gen.tokens[0], skip_special_tokens=True) + "\n```")
-    h = summary["heldout"]
-    hist = "\n".join(f"| {r['step']} | {r['train_loss']:.3f} | {r['val_loss']:.3f} | {r['val_bpb']:.3f} |"
-                     for r in summary["history"])
-    card = f"""# {out.name}: a tiny Qwen3 trained on the Python standard library
-
-A real (trained, not random) target model for d3d's tests, examples and benchmarks. Standard
-Qwen3 architecture and Hugging Face layout: it loads in `d3d.load_model` and in transformers'
-`AutoModelForCausalLM`.
-
-| | |
-|---|---|
-| architecture | Qwen3, {cfg['num_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_heads']} query / {cfg['num_kv_heads']} KV heads of {cfg['head_dim']}, MLP {cfg['intermediate_size']}, tied embeddings, QK-norm |
-| parameters | {summary['parameters'] / 1e6:.2f}M ({summary['parameters_without_embeddings'] / 1e6:.2f}M without embeddings) |
-| tokenizer | byte-level BPE, {cfg['vocab_size']} tokens, trained on the training split; special tokens `<\\|endoftext\\|>` (0), `<\\|im_start\\|>`, `<\\|im_end\\|>`, `<\\|mask\\|>` (3, the drafter's mask) |
-| data | the standard library of Python {sys.version.split()[0]} (`*.py`, test suites excluded); split **by file** (stable hash, {cfg['heldout_fraction']:.0%} held out): {summary['train_tokens_available']:,} train tokens, {summary['heldout_tokens']:,} held-out tokens |
-| training | {cfg['steps']} steps x {cfg['batch_size']} x {cfg['seq_len']} tokens (~{cfg['steps'] * cfg['batch_size'] * cfg['seq_len'] / 1e6:.1f}M tokens), AdamW (β 0.9/0.95, wd {cfg['weight_decay']}), peak lr {cfg['lr']}, {cfg['warmup']} warm-up steps then cosine to 10%, grad clip {cfg['grad_clip']}, seed {cfg['seed']} |
-| time | {summary['train_seconds_this_run'] / 60:.0f} min on a 2-core CPU ({summary['threads']} torch threads), sharing the machine with other jobs |
-| **held-out** | **loss {h['loss']:.3f} nats/token, {h['bits_per_byte']:.3f} bits per byte** over all {h['tokens']:,} held-out tokens |
-| stored as | bfloat16 safetensors (loads as fp32 on CPU) |
-
-Why this size: the budget was about an hour of a 2-core CPU. At ~600-900 training tokens/s a
-12.6M-parameter model sees ~{cfg['steps'] * cfg['batch_size'] * cfg['seq_len'] / 1e6:.0f}M tokens in that time — about two thirds of an
-epoch of the stdlib. A smaller model would see more data per parameter but the drafter
-experiments need a target that is not trivially predictable; a larger one would not get through
-even that much data. Six layers also leave room for a drafter of the same width with fewer layers
-(the shape that lets drafter and target share one packed pass).
-
-Reproduce:
-
-```bash
-{command}
-```
-
-## Validation during training (64 held-out windows)
-
-| step | train loss | held-out loss | held-out bits/byte |
-|---|---|---|---|
-{hist}
-
-## Greedy samples on held-out function headers ({new_tokens} new tokens)
-
-""" + "\n\n".join(lines) + "\n"
-    (out / "README.md").write_text(card)
-    return card
