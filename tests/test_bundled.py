@@ -24,8 +24,12 @@ def test_target_generates_python(target):
     ids = tok.encode("def is_even(n):\n    ")
     out = d3d.generate(target, ids, max_new_tokens=24)
     text = tok.decode(out.tokens[0])
-    assert out.stats.num_generated[0] >= 1
-    assert any(word in text for word in ("return", "if", "n", "=")), text
+    assert out.stats.num_generated[0] == 24 or out.stats.stopped[0]
+    # a function body starts with a statement: the first word is a Python keyword (a random model
+    # of this vocabulary picks one of 8,192 tokens; this one says "return")
+    import keyword
+
+    assert text.split()[0] in keyword.kwlist, text
 
 
 def test_target_matches_transformers(target):

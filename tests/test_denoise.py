@@ -151,6 +151,16 @@ def test_torch_path_matches_oracle(rule):
     assert torch.equal(t, want[0]) and torch.equal(m, want[1]) and torch.equal(committed, want[2])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rule", ["threshold", "topk", "all"])
+def test_kernel_matches_oracle(monkeypatch, rule, dtype):
+    """The Triton kernel against the loop oracle directly (not only against the torch path), odd shapes."""
+    logits, tokens, masked = _random_case(5, 7, 333, dtype=dtype, seed=11)
+    want = _oracle(logits, tokens, masked, rule, threshold=0.3, k=3)
+    t, m, _, committed = _run("triton", monkeypatch, logits, tokens, masked, rule=rule, threshold=0.3, k=3)
+    assert torch.equal(t, want[0]) and torch.equal(m, want[1]) and torch.equal(committed, want[2])
+
+
 def test_rules_commit_counts_and_leave_unmasked_alone():
     logits, tokens, masked = _random_case(32, 8, 50)
     masked[0] = False  # a block with nothing masked: a no-op

@@ -189,8 +189,16 @@ def test_successor_threshold_gates_the_successor_pass():
     drafter = random_drafter(target, 4, seed=16)
     ref = reference(target, PROMPTS, 24)
     always = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter)
-    default = _generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter)
-    assert default.tokens == ref and default.stats.successor_passes <= default.stats.rounds
+    seen = []
+    generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter, on_round=seen.append)
+    threshold = sorted(r.confidence for r in seen)[len(seen) // 2]  # a gate that must both pass and skip rows
+    rounds = []
+    gated = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter,
+                     successor_threshold=threshold, on_round=rounds.append)
+    drafted = [r.draft_span is not None for r in rounds]
+    assert gated.tokens == ref and 0 < sum(drafted) < len(drafted)
+    assert drafted == [r.confidence >= threshold for r in rounds]  # exactly the confident rows get a successor
+    assert gated.stats.successor_passes == sum(drafted)
     never = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter,
                      successor_threshold=1.01)
     assert always.tokens == never.tokens == ref
