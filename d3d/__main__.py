@@ -128,6 +128,8 @@ def cmd_generate(args) -> int:
     from d3d.assets import BUNDLED_TARGET, bundled
 
     model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"--model {model_dir}: not a directory (expected a HF checkpoint directory)")
     tok = d3d.load_tokenizer(args.tokenizer or model_dir)
     model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device)
     mode, drafter, note = choose_drafter(args, model)

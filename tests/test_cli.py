@@ -88,3 +88,57 @@ def test_dflash_from_the_cli(capsys):
     assert code != 0 and "DFlash drafter" in err
     code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "dflash"], capsys)
     assert code != 0 and "needs --drafter" in err
+
+
+def _broken_copies(root):
+    """The bundled target, broken in the ways a user's checkpoint gets broken."""
+    import shutil
+
+    import safetensors.torch as st
+
+    src = models_dir() / "target-12m"
+    weights = (src / "model.safetensors").read_bytes()
+
+    def copy(name):
+        shutil.copytree(src, root / name)
+        return root / name
+
+    def edit_config(name, **changes):
+        cfg = json.loads((copy(name) / "config.json").read_text())
+        cfg.update(changes)
+        (root / name / "config.json").write_text(json.dumps(cfg))
+
+    (copy("truncated") / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    (copy("garbage") / "model.safetensors").write_bytes(b"\x00garbage" * 64)
+    (copy("bad-json") / "config.json").write_text('{"model_type": "qwen3",')
+    edit_config("unknown-type", model_type="llama9")
+    edit_config("wrong-shape", intermediate_size=1000)
+    tensors = st.load_file(str(src / "model.safetensors"))
+    tensors.pop("model.layers.0.mlp.up_proj.weight")
+    st.save_file(tensors, str(copy("missing-tensor") / "model.safetensors"), metadata={"format": "pt"})
+
+
+BAD_MODELS = {"truncated": "not a readable safetensors", "garbage": "not a readable safetensors",
+              "bad-json": "not valid JSON", "unknown-type": "unknown model_type 'llama9'",
+              "wrong-shape": "has shape", "missing-tensor": "missing tensor", "no-such-dir": "not a directory"}
+
+
+def test_bad_input_ends_in_one_clear_line(capsys, tmp_path):
+    """Eleven kinds of bad input: each one error line naming the problem, non-zero exit, no traceback."""
+    _broken_copies(tmp_path)
+    for name, message in BAD_MODELS.items():
+        code, _, err = run_cli(["generate", "--model", str(tmp_path / name), "--prompt", "x", "--mode", "ar"], capsys)
+        assert code != 0 and message in err and name in err and "Traceback" not in err, (name, err)
+        assert len(err.strip().splitlines()) == 1, (name, err)
+    long_prompt = "x = 1\n" * 3000
+    for args, message in ((["--prompt", ""], "--prompt is empty"),
+                          (["--prompt", long_prompt], "exceeds the model's max_position_embeddings"),
+                          (["--prompt", "x", "--temperature", "-1"], "temperature")):
+        try:
+            code, _, err = run_cli(["generate", "--mode", "ar", *args], capsys)
+        except SystemExit as e:  # errors found before any work end with SystemExit("error: ...")
+            code, err = 2, str(e.code)
+        assert code != 0 and message in err and "Traceback" not in err, (args, err)
+    with pytest.raises(SystemExit) as e:  # argparse: usage + one error line, exit status 2
+        main(["generate", "--prompt", "x", "--max-new-tokens", "-3"])
+    assert e.value.code == 2 and "--max-new-tokens: must be a positive integer" in capsys.readouterr().err
