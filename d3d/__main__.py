@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -204,13 +205,32 @@ def log_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def add_config_args(parser, defaults, ints: tuple[str, ...], floats: tuple[str, ...],
-                    helps: dict[str, str] | None = None) -> None:
-    """``--some-field`` options for dataclass fields, defaulting to the dataclass's values."""
-    for names, typ in ((ints, int), (floats, float)):
-        for name in names:
-            parser.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(defaults, name),
-                                help=(helps or {}).get(name, "default: %(default)s"))
+def add_config_args(parser, cls, helps: dict[str, str] | None = None, skip: tuple[str, ...] = ()) -> None:
+    """A ``--some-field`` option for every field of the training config dataclass ``cls`` (so
+    every setting can be given on the command line), defaulting to the dataclass's value; fields
+    the parser already has an option for, or listed in ``skip``, are left alone."""
+    required = {f.name: "" for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    defaults = cls(**required)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in required or f.name in skip or flag in parser._option_string_actions:
+            continue
+        default, kind = getattr(defaults, f.name), str(f.type)
+        kw = dict(default=default, help=(helps or {}).get(f.name, "(default: %(default)s)"))
+        if kind == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif kind.startswith("tuple[float"):
+            kw.update(type=float, nargs=len(default), metavar="X")
+        elif kind in ("int", "int | None"):
+            kw["type"] = int
+        elif kind in ("float", "float | None"):
+            kw["type"] = float
+        elif kind in ("str", "str | None"):
+            kw["type"] = str
+        else:  # dicts and the like: API only
+            continue
+        parser.add_argument(flag, **kw)
 
 
 def config_from_args(cls, args, **overrides):
@@ -219,7 +239,8 @@ def config_from_args(cls, args, **overrides):
         import torch
 
         torch.set_num_threads(args.threads)
-    fields = {k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__ and v is not None}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items()
+              if k in cls.__dataclass_fields__ and v is not None}
     return cls(**{**fields, **overrides})
 
 
@@ -243,7 +264,7 @@ def cmd_train_drafter(args) -> int:
 def cmd_train_dflash(args) -> int:
     from d3d.train.dflash import DFlashTrainConfig, train_dflash
 
-    summary = train_dflash(config_from_args(DFlashTrainConfig, args), log=log_stderr)
+    summary = train_dflash(config_from_args(DFlashTrainConfig, args), resume=args.resume, log=log_stderr)
     print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
     return 0
 
@@ -352,7 +373,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     from d3d.train.target import TargetTrainConfig
 
-    d = TargetTrainConfig(out="")
     t = sub.add_parser("train-target", help="train a tokenizer and pretrain a small Qwen3 target",
                        description="Train a byte-level BPE tokenizer and pretrain a Qwen3 with d3d's own model code on "
                                    "Python source (default: this interpreter's standard library, split train/held-out by "
@@ -363,10 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--corpus", help="directory of .py files (default: the standard library)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     t.add_argument("--threads", type=positive_int, help="torch CPU threads")
-    add_config_args(t, d, ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                           "intermediate_size", "seq_len", "batch_size", "steps", "warmup", "eval_every",
-                           "save_every", "log_every", "seed"),
-                    ("lr", "weight_decay", "grad_clip", "heldout_fraction"))
+    add_config_args(t, TargetTrainConfig, {"stop_after": "end this invocation after N steps (resume later with "
+                                                            "--resume; the schedule still spans --steps)"})
     t.set_defaults(fn=cmd_train_target)
 
     from d3d.train.drafter import DrafterTrainConfig
@@ -388,11 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", choices=("windows", "chat"), default=dd.data,
                    help="windows: corpus windows + the target's continuation (base models); chat: function "
                         "header+docstring requests in the chat format + the target's answer (instruct models)")
-    add_config_args(r, dd, ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "batch_size", "steps",
-                            "warmup", "eval_every", "eval_prompts", "eval_new_tokens", "log_every", "save_every",
-                            "seed", "window", "draft_vocab", "mask_token_id"),
-                    ("lr", "weight_decay", "grad_clip", "gamma", "heldout_fraction"),
-                    {"window": "--data chat: tokens per training row (the last WINDOW of request + answer)",
+    add_config_args(r, DrafterTrainConfig, skip=("shared_embeddings",), helps={
+                     "mix": "shares of all-mask / anchored / partial blocks in training",
+                     "clean_mask": "attention among the clean half in training: causal (as the cache at inference)",
+                     "stop_after": "end this invocation after N steps (resume later with --resume)","window": "--data chat: tokens per training row (the last WINDOW of request + answer)",
                      "gen_len": "tokens the target generates per prompt (chat: at most, it stops at end of turn)",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
                                     "training answers (the head scores only those; needs shared embeddings)",
@@ -403,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from d3d.train.dflash import DFlashTrainConfig
 
-    df = DFlashTrainConfig(target="", out="")
+
     f = sub.add_parser("train-dflash", help="train the DFlash baseline drafter for a target",
                        description="Train a DFlash-style drafter (target hidden states injected as extra K/V) on the "
                                    "target's own greedy continuations, with the same data as train-drafter.",
@@ -413,11 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--corpus", help="directory of .py files (default: the standard library)")
     f.add_argument("--data-dir", help="where target continuations are cached (default OUT/data; point it at a "
                                       "train-drafter run's data directory to reuse them)")
+    f.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     f.add_argument("--threads", type=positive_int, help="torch CPU threads")
-    add_config_args(f, df, ("num_layers", "block_size", "n_sequences", "prompt_len", "gen_len", "blocks_per_sequence",
-                            "batch_size", "steps", "warmup", "eval_every", "eval_prompts", "eval_new_tokens",
-                            "log_every", "seed", "stop_after"),
-                    ("lr", "grad_clip", "gamma", "heldout_fraction"))
+    add_config_args(f, DFlashTrainConfig, {"mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first "
+                                                             "embedding row past the tokenizer's ids"})
     f.set_defaults(fn=cmd_train_dflash)
 
     c = sub.add_parser("convert-gguf", help="dequantize a Qwen2/Qwen3 GGUF into a HF-layout directory",

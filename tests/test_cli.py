@@ -142,3 +142,28 @@ def test_bad_input_ends_in_one_clear_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:  # argparse: usage + one error line, exit status 2
         main(["generate", "--prompt", "x", "--max-new-tokens", "-3"])
     assert e.value.code == 2 and "--max-new-tokens: must be a positive integer" in capsys.readouterr().err
+
+
+def test_every_training_setting_is_a_flag():
+    """train-target / train-drafter / train-dflash offer a flag for every field of their config."""
+    import dataclasses
+
+    from d3d.__main__ import build_parser, config_from_args
+    from d3d.train.dflash import DFlashTrainConfig
+    from d3d.train.drafter import DrafterTrainConfig
+    from d3d.train.target import TargetTrainConfig
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)).choices
+    for command, cls, api_only in (("train-target", TargetTrainConfig, {"extra"}),
+                                   ("train-drafter", DrafterTrainConfig, {"shared_embeddings"}),  # --own-embeddings
+                                   ("train-dflash", DFlashTrainConfig, set())):
+        flags = subs[command]._option_string_actions
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in api_only and "--" + f.name.replace("_", "-") not in flags]
+        assert not missing, (command, missing)
+    args = parser.parse_args(["train-drafter", "--target", "t", "--out", "o", "--mix", "0.5", "0.5", "0",
+                              "--clean-mask", "causal", "--stop-after", "7", "--no-init-from-target"])
+    cfg = config_from_args(DrafterTrainConfig, args)
+    assert cfg.mix == (0.5, 0.5, 0.0) and cfg.stop_after == 7 and cfg.init_from_target is False
+    assert parser.parse_args(["train-dflash", "--target", "t", "--out", "o", "--resume"]).resume

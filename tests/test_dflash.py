@@ -162,3 +162,28 @@ def test_train_dflash_smoke(tmp_path):
     tau = measure_dflash_tau(target, drafter, prompts, cfg.eval_new_tokens, cfg.block_size)
     assert tau == pytest.approx(summary["history"][0]["tau"])
     assert drafter.dcfg.target_layer_ids == (1, 1)
+
+
+def test_train_dflash_resumes_exactly(tmp_path):
+    """train-dflash runs the shared loop: stopping after 2 steps and resuming gives the run an
+    uninterrupted one gives (same batches, same optimizer state)."""
+    from d3d.train.dflash import DFlashTrainConfig, train_dflash
+    from d3d.train.target import train_target
+    from test_train_target import tiny_config
+
+    tcfg = tiny_config(tmp_path, steps=4, hidden_size=32, num_heads=2, num_kv_heads=1, num_layers=2,
+                       intermediate_size=64, vocab_size=300, max_positions=128)
+    train_target(tcfg, log=lambda *_: None)
+
+    def cfg(out, **kw):
+        return DFlashTrainConfig(target=tcfg.out, out=str(tmp_path / out), corpus=tcfg.corpus,
+                                 heldout_fraction=tcfg.heldout_fraction, num_layers=1, block_size=4, n_sequences=8,
+                                 prompt_len=8, gen_len=12, blocks_per_sequence=2, batch_size=2, steps=4,
+                                 eval_every=2, eval_prompts=1, eval_new_tokens=4, log_every=100,
+                                 data_dir=str(tmp_path / "data"), **kw)
+
+    full = train_dflash(cfg("full"), log=lambda *_: None)
+    train_dflash(cfg("split", stop_after=2), log=lambda *_: None)
+    resumed = train_dflash(cfg("split"), resume=True, log=lambda *_: None)
+    assert [h["step"] for h in resumed["history"]] == [2, 4]
+    assert resumed["history"][-1]["loss"] == pytest.approx(full["history"][-1]["loss"], rel=1e-5)

@@ -23,9 +23,10 @@ from ..dflash import DFlashConfig, DFlashDrafter, save_dflash, target_layer_ids
 from ..engines import generate
 from ..model import apply_rope
 from ..tokenizer import Tokenizer
-from .common import Progress, batch_generator, cosine_lr, make_optimizer
 from ..prompts import heldout_prompts
-from .drafter import init_from_target_layers, make_training_data
+from .common import make_optimizer
+from .drafter import init_from_target_layers, make_training_data, pick_mask_id
+from .loop import train_loop
 
 
 @dataclass
@@ -53,6 +54,7 @@ class DFlashTrainConfig:
     seed: int = 0
     data_dir: str | None = None  # where the target continuations are cached (default OUT/data)
     stop_after: int | None = None
+    mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
 
 
 def block_hidden(drafter: DFlashDrafter, hidden: list[torch.Tensor], x0: torch.Tensor, anchors: torch.Tensor,
@@ -117,18 +119,20 @@ def measure_dflash_tau(target, drafter, prompts, max_new_tokens, block_size) -> 
     return out.stats.tau
 
 
-def train_dflash(cfg: DFlashTrainConfig, log=print) -> dict:
+def train_dflash(cfg: DFlashTrainConfig, resume: bool = False, log=print) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_model(cfg.target).requires_grad_(False)
     tok = Tokenizer.load(cfg.target)
     data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
                               cfg.gen_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else out / "data", log=log)
-    mask_id = tok.token_id("<|mask|>")
+    mask_id = pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id)  # the D3D trainer's rule
     ids = tuple(target_layer_ids(target.cfg.num_hidden_layers, cfg.num_layers))
     dcfg = DFlashConfig(block_size=cfg.block_size, mask_token_id=mask_id, target_vocab=target.cfg.vocab_size,
                         target_layer_ids=ids)
-    drafter = DFlashDrafter(target.cfg.replace(num_hidden_layers=cfg.num_layers, extra={}), dcfg, target)
+    with torch.random.fork_rng():  # the context projection's random init: a function of cfg.seed alone
+        torch.manual_seed(cfg.seed)
+        drafter = DFlashDrafter(target.cfg.replace(num_hidden_layers=cfg.num_layers, extra={}), dcfg, target)
     init_from_target_layers(drafter.model, target)  # the same start as the D3D drafter
     trainable = [p for n, p in drafter.named_parameters() if not n.startswith(("model.embed_tokens", "model.lm_head"))]
     for p in drafter.parameters():
@@ -139,33 +143,24 @@ def train_dflash(cfg: DFlashTrainConfig, log=print) -> dict:
     n_train = sum(p.numel() for p in trainable)
     log(f"DFlash drafter: {cfg.num_layers} layers reading target layers {list(ids)}, {n_train / 1e6:.2f}M trainable")
     prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
-    progress = Progress(cfg.steps)
-    history, losses, t0 = [], [], time.perf_counter()
-    for step in range(cfg.steps):
-        gen = batch_generator(cfg.seed, step)
+
+    def loss_fn(step, gen):
         idx = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
-        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        drafter.train()
-        loss = dflash_loss(drafter, target, data[idx], cfg, gen)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-        optimizer.step()
-        losses.append(loss.item())
-        last = step + 1 == cfg.steps or (cfg.stop_after is not None and len(losses) >= cfg.stop_after)
-        if (step + 1) % cfg.log_every == 0 or last:
-            progress.report(step, (step + 1) * cfg.batch_size * data.shape[1], loss=losses[-1], lr=lr)
-        if (step + 1) % cfg.eval_every == 0 or last:
-            drafter.eval()
-            tau = measure_dflash_tau(target, drafter, prompts, cfg.eval_new_tokens, cfg.block_size)
-            history.append({"step": step + 1, "loss": losses[-1], "tau": tau})
-            log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {tau:.3f}")
-            save_dflash(drafter, out)  # a usable drafter at every evaluation
-            summary = {"config": asdict(cfg), "trainable_parameters": n_train, "steps_done": step + 1,
-                       "train_seconds": time.perf_counter() - t0, "history": history}
-            (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if last:
-            break
-    return summary
+        return dflash_loss(drafter, target, data[idx], cfg, gen), cfg.batch_size * data.shape[1]
+
+    def held_out(step):
+        tau = measure_dflash_tau(target, drafter, prompts, cfg.eval_new_tokens, cfg.block_size)
+        log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {tau:.3f}")
+        return {"tau": tau}
+
+    t0 = time.perf_counter()
+
+    def save(step, history):  # a usable drafter at every evaluation
+        save_dflash(drafter, out)
+        summary = {"config": asdict(cfg), "trainable_parameters": n_train, "steps_done": step,
+                   "train_seconds": time.perf_counter() - t0, "history": history}
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    train_loop(drafter, optimizer, cfg, out / "training_state.pt", loss_fn, held_out, on_eval=save, resume=resume,
+               log=log)
+    return json.loads((out / "train_summary.json").read_text())

@@ -32,11 +32,11 @@ from ..engines import generate
 from ..kernels.attention import bd3_training_mask
 from ..model import Transformer
 from ..tokenizer import Tokenizer
-from .common import (Progress, batch_generator, cosine_lr, load_training_state, make_optimizer,
-                     save_training_state)
-from .chat_data import chat_prompts, make_chat_training_data
 from ..corpus import find_corpus, read_texts
 from ..prompts import heldout_prompts
+from .chat_data import chat_prompts, make_chat_training_data
+from .common import make_optimizer
+from .loop import train_loop
 
 BLOCK_KINDS = ("all-mask", "anchored", "partial")
 
@@ -290,52 +290,26 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     for p in trainable:
         p.requires_grad_(True)
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    state_path = out / "training_state.pt"
-    start, history = 0, []
-    if resume:
-        state = load_training_state(state_path)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, history = state["step"], state.get("history", [])
-        log(f"resumed from {state_path} at step {start}")
     n_train = sum(p.numel() for p in trainable)
     log(f"drafter: {cfg.num_layers} layers, {n_train / 1e6:.2f}M trainable parameters; "
         f"{data.shape[0]} sequences of {L} tokens")
-    progress = Progress(cfg.steps, start)
-    tokens_seen, losses, t_start = 0, [], time.perf_counter()
-    for step in range(start, cfg.steps):
-        gen = batch_generator(cfg.seed, step)
+
+    def loss_fn(step, gen):
         idx = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
-        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = bd3_loss(model, data[idx], loss_mask[idx], attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
-                        cfg.mix, cfg.gamma, gen, label_map)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-        optimizer.step()
-        losses.append(loss.item())
-        tokens_seen += cfg.batch_size * L
-        last = step + 1 == cfg.steps or (cfg.stop_after is not None and len(losses) >= cfg.stop_after)
-        if (step + 1) % cfg.log_every == 0 or last:
-            progress.report(step, tokens_seen, loss=losses[-1], lr=lr)
-        if (step + 1) % cfg.eval_every == 0 or last:
-            model.eval()
-            ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size,
-                             stop_ids=tok.stop_token_ids() if cfg.data == "chat" else ())
-            model.train()
-            history.append({"step": step + 1, "loss": losses[-1], "tau": ev["tau"]})
-            log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {ev['tau']:.3f}")
-        if (step + 1) % cfg.save_every == 0 or last:
-            save_training_state(state_path, model, optimizer, step + 1, {"config": asdict(cfg), "history": history})
-        if last:
-            break
+        return bd3_loss(model, data[idx], loss_mask[idx], attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
+                        cfg.mix, cfg.gamma, gen, label_map), cfg.batch_size * L
+
+    def held_out(step):
+        ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size,
+                         stop_ids=tok.stop_token_ids() if cfg.data == "chat" else ())
+        log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {ev['tau']:.3f}")
+        return {"tau": ev["tau"]}
+
+    run = train_loop(model, optimizer, cfg, out / "training_state.pt", loss_fn, held_out, resume=resume, log=log)
     model.eval().requires_grad_(False)
     save_drafter(drafter, out)
-    summary = {"config": asdict(cfg), "trainable_parameters": n_train, "tokens_seen_this_run": tokens_seen,
-               "train_seconds_this_run": time.perf_counter() - t_start, "losses_this_run": losses,
-               "history": history}
+    summary = {"config": asdict(cfg), "trainable_parameters": n_train, "tokens_seen_this_run": run.tokens_seen,
+               "train_seconds_this_run": run.seconds, "losses_this_run": run.losses, "history": run.history}
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

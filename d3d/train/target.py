@@ -26,9 +26,9 @@ from ..config import ModelConfig
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .bpe import save_tokenizer, train_bpe
-from .common import (Progress, batch_generator, cosine_lr, load_training_state, make_optimizer,
-                     save_training_state)
 from ..corpus import find_corpus, read_texts
+from .common import make_optimizer
+from .loop import train_loop
 
 
 @dataclass
@@ -159,18 +159,6 @@ def evaluate(model: Transformer, windows: torch.Tensor, token_bytes: torch.Tenso
 # ----------------------------------------------------------------------------- training
 
 
-def train_step(model, optimizer, batch: torch.Tensor, lr: float, grad_clip: float) -> float:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    logits = model(batch[:, :-1])
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    return loss.item()
-
-
 def init_weights(model: Transformer, seed: int) -> None:
     """Normal(0, 0.02) matrices, residual outputs scaled by 1/sqrt(2 * layers) (GPT-2 style)."""
     gen = torch.Generator().manual_seed(seed)
@@ -195,43 +183,21 @@ def train_target(cfg: TargetTrainConfig, resume: bool = False, log=print) -> dic
     init_weights(model, cfg.seed)
     model.train()
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    state_path = out / "training_state.pt"
-    start = 0
-    history = []
-    if resume:
-        state = load_training_state(state_path)
-        changed = sorted(k for k, v in state.get("config", {}).items() if k != "stop_after" and asdict(cfg).get(k) != v)
-        if changed:
-            log(f"note: resuming with changed settings: {', '.join(changed)}")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, history = state["step"], state.get("history", [])
-        log(f"resumed from {state_path} at step {start}")
     log(f"model: {mcfg.num_parameters() / 1e6:.2f}M parameters "
         f"({mcfg.num_parameters(include_embeddings=False) / 1e6:.2f}M without embeddings)")
     eval_set = heldout_windows(data.heldout, cfg.seq_len + 1, cfg.eval_windows)
-    progress = Progress(cfg.steps, start)
-    tokens_seen, t_start = 0, time.perf_counter()
-    loss, losses = float("nan"), []
-    for step in range(start, cfg.steps):
-        batch = sample_windows(data.train, cfg.batch_size, cfg.seq_len + 1, batch_generator(cfg.seed, step))
-        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
-        loss = train_step(model, optimizer, batch, lr, cfg.grad_clip)
-        losses.append(loss)
-        tokens_seen += batch.numel()
-        last = step + 1 == cfg.steps or (cfg.stop_after is not None and len(losses) >= cfg.stop_after)
-        if (step + 1) % cfg.log_every == 0 or last:
-            progress.report(step, tokens_seen, loss=loss, lr=lr)
-        if (step + 1) % cfg.eval_every == 0 or last:
-            ev = evaluate(model, eval_set, data.token_bytes)
-            history.append({"step": step + 1, "train_loss": loss, "val_loss": ev["loss"], "val_bpb": ev["bits_per_byte"]})
-            log(f"  held-out: loss {ev['loss']:.4f}, {ev['bits_per_byte']:.3f} bits/byte")
-        if (step + 1) % cfg.save_every == 0 or last:
-            save_training_state(state_path, model, optimizer, step + 1, {"config": asdict(cfg), "history": history})
-        if last:
-            break
-    train_seconds = time.perf_counter() - t_start
-    model.eval()
+
+    def loss_fn(step, gen):
+        batch = sample_windows(data.train, cfg.batch_size, cfg.seq_len + 1, gen)
+        logits = model(batch[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()), batch.numel()
+
+    def held_out(step):
+        ev = evaluate(model, eval_set, data.token_bytes)
+        log(f"  held-out: loss {ev['loss']:.4f}, {ev['bits_per_byte']:.3f} bits/byte")
+        return {"val_loss": ev["loss"], "val_bpb": ev["bits_per_byte"]}
+
+    run = train_loop(model, optimizer, cfg, out / "training_state.pt", loss_fn, held_out, resume=resume, log=log)
     final = evaluate(model, heldout_windows(data.heldout, cfg.seq_len + 1), data.token_bytes)
     log(f"final held-out (all {final['tokens']:,} tokens): loss {final['loss']:.4f}, "
         f"{final['bits_per_byte']:.3f} bits/byte")
@@ -239,8 +205,9 @@ def train_target(cfg: TargetTrainConfig, resume: bool = False, log=print) -> dic
     summary = {"config": asdict(cfg), "parameters": mcfg.num_parameters(),
                "parameters_without_embeddings": mcfg.num_parameters(include_embeddings=False),
                "train_tokens_available": data.train.numel(), "heldout_tokens": data.heldout.numel(),
-               "tokens_seen_this_run": tokens_seen, "train_seconds_this_run": train_seconds,
-               "final_train_loss": loss, "losses_this_run": losses, "heldout": final, "history": history,
+               "tokens_seen_this_run": run.tokens_seen, "train_seconds_this_run": run.seconds,
+               "final_train_loss": run.losses[-1] if run.losses else float("nan"), "losses_this_run": run.losses,
+               "heldout": final, "history": run.history,
                "threads": torch.get_num_threads()}
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

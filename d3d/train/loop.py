@@ -1,0 +1,94 @@
+"""The one training loop every trainer here runs (target, D3D drafter, DFlash drafter).
+
+A trainer builds its model, data and loss, then hands ``train_loop`` three things:
+
+    loss_fn(step, gen) -> (loss, tokens)   one batch's scalar loss (drawn with ``gen``, which
+                                           depends only on (seed, step): a resumed run sees the
+                                           same batches) and how many tokens it covered
+    evaluate(step) -> dict                 a held-out measurement, appended to the history
+    on_eval(step, history)                 optional: e.g. save a usable model at every evaluation
+
+and the loop does the rest the same way for all: cosine schedule with warm-up, AdamW step with
+gradient clipping, progress lines with ETA, evaluation every ``eval_every`` steps, an atomic
+``training_state.pt`` every ``save_every`` steps (and at the end), ``--resume`` from it, and
+``stop_after`` to end this invocation early (the schedule still spans ``steps``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .common import Progress, batch_generator, cosine_lr, load_training_state, save_training_state
+
+
+@dataclass
+class LoopResult:
+    losses: list[float] = field(default_factory=list)  # this invocation's
+    history: list[dict] = field(default_factory=list)  # every evaluation, resumed runs included
+    tokens_seen: int = 0
+    seconds: float = 0.0
+    start_step: int = 0
+    steps_done: int = 0
+
+
+def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, state_path: Path,
+               loss_fn: Callable[[int, torch.Generator], tuple[torch.Tensor, int]],
+               evaluate: Callable[[int], dict], on_eval: Callable[[int, list[dict]], None] | None = None,
+               resume: bool = False, log=print) -> LoopResult:
+    """Train ``model`` (its parameters with ``requires_grad``) for ``cfg.steps`` steps.
+
+    ``cfg`` is a trainer's config dataclass with steps, lr, warmup, grad_clip, seed, log_every,
+    eval_every, save_every (optional: every evaluation) and stop_after.
+    """
+    res = LoopResult()
+    if resume:
+        state = load_training_state(state_path)
+        changed = sorted(k for k, v in state.get("config", {}).items() if k != "stop_after" and asdict(cfg).get(k) != v)
+        if changed:
+            log(f"note: resuming with changed settings: {', '.join(changed)}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        res.start_step, res.history = state["step"], state.get("history", [])
+        log(f"resumed from {state_path} at step {res.start_step}")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    save_every = getattr(cfg, "save_every", cfg.eval_every)
+    progress = Progress(cfg.steps, res.start_step)
+    t0 = time.perf_counter()
+    res.steps_done = res.start_step
+    for step in range(res.start_step, cfg.steps):
+        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        model.train()
+        loss, tokens = loss_fn(step, batch_generator(cfg.seed, step))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        optimizer.step()
+        res.losses.append(loss.item())
+        res.tokens_seen += tokens
+        res.steps_done = step + 1
+        last = step + 1 == cfg.steps or (cfg.stop_after is not None and len(res.losses) >= cfg.stop_after)
+        if (step + 1) % cfg.log_every == 0 or last:
+            progress.report(step, res.tokens_seen, loss=res.losses[-1], lr=lr)
+        if (step + 1) % cfg.eval_every == 0 or last:
+            model.eval()
+            with torch.no_grad():
+                res.history.append({"step": step + 1, "loss": res.losses[-1], **evaluate(step + 1)})
+            if on_eval is not None:
+                on_eval(step + 1, res.history)
+        if (step + 1) % save_every == 0 or last:
+            save_training_state(state_path, model, optimizer, step + 1, {"config": asdict(cfg), "history": res.history})
+        if last:
+            break
+    res.seconds = time.perf_counter() - t0
+    model.eval()
+    return res
+
+
+__all__ = ["train_loop", "LoopResult"]
