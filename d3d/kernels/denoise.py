@@ -535,24 +535,16 @@ def denoise_step(
     Dispatch: the Triton kernel for CUDA tensors, the torch path otherwise (``D3D_KERNELS``
     overrides, see ``d3d.kernels``).
     """
-    kw = _prepare(logits, tokens, masked, confidence, temperature, seed, rule, threshold, k)
-    if use_triton(logits):
-        return _denoise_triton(logits, tokens, masked, confidence, **kw)
-    return _denoise_torch(logits, tokens, masked, confidence, **kw)
+    return _step(use_triton(logits), logits, tokens, masked, temperature, seed, rule, threshold, k, confidence)
 
 
-def denoise_step_torch(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    masked: torch.Tensor,
-    *,
-    temperature: float = 0.0,
-    seed: int = 0,
-    rule: str = "threshold",
-    threshold: float = 0.9,
-    k: int = 1,
-    confidence: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``denoise_step`` on the torch path whatever the backend setting (the reference)."""
+def denoise_step_torch(logits: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, **options) -> torch.Tensor:
+    """``denoise_step`` (same arguments) on the torch path whatever the backend setting (the reference)."""
+    return _step(False, logits, tokens, masked, **options)
+
+
+def _step(triton_path: bool, logits, tokens, masked, temperature=0.0, seed=0, rule="threshold", threshold=0.9, k=1,
+          confidence=None) -> torch.Tensor:
     kw = _prepare(logits, tokens, masked, confidence, temperature, seed, rule, threshold, k)
-    return _denoise_torch(logits, tokens, masked, confidence, **kw)
+    fn = _denoise_triton if triton_path else _denoise_torch
+    return fn(logits, tokens, masked, confidence, **kw)

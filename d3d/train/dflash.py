@@ -26,15 +26,12 @@ from ..tokenizer import Tokenizer
 from ..prompts import heldout_prompts
 from .common import make_optimizer
 from .drafter import init_from_target_layers, make_training_data, pick_mask_id
-from .loop import train_loop
+from .loop import TrainSettings, train_loop
 
 
-@dataclass
-class DFlashTrainConfig:
+@dataclass(kw_only=True)
+class DFlashTrainConfig(TrainSettings):
     target: str
-    out: str
-    corpus: str | None = None
-    heldout_fraction: float = 0.05
     num_layers: int = 3
     block_size: int = 16
     n_sequences: int = 3072
@@ -45,15 +42,12 @@ class DFlashTrainConfig:
     steps: int = 2500
     lr: float = 2e-3
     warmup: int = 100
-    grad_clip: float = 1.0
     gamma: float = 7.0
     eval_every: int = 500
     eval_prompts: int = 8
     eval_new_tokens: int = 64
     log_every: int = 25
-    seed: int = 0
     data_dir: str | None = None  # where the target continuations are cached (default OUT/data)
-    stop_after: int | None = None
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
 
 
@@ -139,7 +133,7 @@ def train_dflash(cfg: DFlashTrainConfig, resume: bool = False, log=print) -> dic
         p.requires_grad_(False)
     for p in trainable:
         p.requires_grad_(True)
-    optimizer = make_optimizer(drafter, cfg.lr, 0.0)
+    optimizer = make_optimizer(drafter, cfg.lr, cfg.weight_decay)
     n_train = sum(p.numel() for p in trainable)
     log(f"DFlash drafter: {cfg.num_layers} layers reading target layers {list(ids)}, {n_train / 1e6:.2f}M trainable")
     prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)

@@ -36,7 +36,7 @@ from ..corpus import find_corpus, read_texts
 from ..prompts import heldout_prompts
 from .chat_data import chat_prompts, make_chat_training_data
 from .common import make_optimizer
-from .loop import train_loop
+from .loop import TrainSettings, train_loop
 
 BLOCK_KINDS = ("all-mask", "anchored", "partial")
 
@@ -153,12 +153,9 @@ def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]],
 # ----------------------------------------------------------------------------- training
 
 
-@dataclass
-class DrafterTrainConfig:
+@dataclass(kw_only=True)
+class DrafterTrainConfig(TrainSettings):
     target: str
-    out: str
-    corpus: str | None = None
-    heldout_fraction: float = 0.05  # must match the target's split
     num_layers: int = 3
     block_size: int = 16
     shared_embeddings: bool = True
@@ -166,22 +163,11 @@ class DrafterTrainConfig:
     n_sequences: int = 4096
     prompt_len: int = 32
     gen_len: int = 224
-    batch_size: int = 8
-    steps: int = 1000
-    lr: float = 1e-3
-    warmup: int = 50
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     gamma: float = 7.0
     mix: tuple[float, float, float] = (0.45, 0.45, 0.10)  # all-mask, anchored, partial
     clean_mask: str = "causal"
-    eval_every: int = 200
     eval_prompts: int = 8
     eval_new_tokens: int = 64
-    log_every: int = 10
-    save_every: int = 100
-    seed: int = 0
-    stop_after: int | None = None
     data: str = "windows"  # "windows": corpus windows + continuation; "chat": chat requests + answers
     window: int = 256  # chat data: tokens per training row (last `window` of prompt + answer)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids

@@ -26,6 +26,26 @@ import torch
 from .common import Progress, batch_generator, cosine_lr, load_training_state, save_training_state
 
 
+@dataclass(kw_only=True)
+class TrainSettings:
+    """The settings every trainer has; each trainer's config adds its own (and may change defaults)."""
+
+    out: str  # output directory
+    corpus: str | None = None  # directory of .py files (default: the running interpreter's standard library)
+    heldout_fraction: float = 0.05  # share of files held out (drafters: must match the target's split)
+    batch_size: int = 8
+    steps: int = 1000
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 200
+    save_every: int = 100
+    log_every: int = 10
+    seed: int = 0
+    stop_after: int | None = None  # end this invocation after N steps (resume later); the schedule spans `steps`
+
+
 @dataclass
 class LoopResult:
     losses: list[float] = field(default_factory=list)  # this invocation's
@@ -42,8 +62,7 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
                resume: bool = False, log=print) -> LoopResult:
     """Train ``model`` (its parameters with ``requires_grad``) for ``cfg.steps`` steps.
 
-    ``cfg`` is a trainer's config dataclass with steps, lr, warmup, grad_clip, seed, log_every,
-    eval_every, save_every (optional: every evaluation) and stop_after.
+    ``cfg``: a trainer's config (a ``TrainSettings``).
     """
     res = LoopResult()
     if resume:
@@ -56,7 +75,6 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
         res.start_step, res.history = state["step"], state.get("history", [])
         log(f"resumed from {state_path} at step {res.start_step}")
     trainable = [p for p in model.parameters() if p.requires_grad]
-    save_every = getattr(cfg, "save_every", cfg.eval_every)
     progress = Progress(cfg.steps, res.start_step)
     t0 = time.perf_counter()
     res.steps_done = res.start_step
@@ -82,7 +100,7 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
                 res.history.append({"step": step + 1, "loss": res.losses[-1], **evaluate(step + 1)})
             if on_eval is not None:
                 on_eval(step + 1, res.history)
-        if (step + 1) % save_every == 0 or last:
+        if (step + 1) % cfg.save_every == 0 or last:
             save_training_state(state_path, model, optimizer, step + 1, {"config": asdict(cfg), "history": res.history})
         if last:
             break
@@ -91,4 +109,4 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
     return res
 
 
-__all__ = ["train_loop", "LoopResult"]
+__all__ = ["train_loop", "LoopResult", "TrainSettings"]

@@ -28,14 +28,11 @@ from ..tokenizer import Tokenizer
 from .bpe import save_tokenizer, train_bpe
 from ..corpus import find_corpus, read_texts
 from .common import make_optimizer
-from .loop import train_loop
+from .loop import TrainSettings, train_loop
 
 
-@dataclass
-class TargetTrainConfig:
-    out: str
-    corpus: str | None = None  # default: the running interpreter's standard library
-    heldout_fraction: float = 0.05
+@dataclass(kw_only=True)
+class TargetTrainConfig(TrainSettings):
     vocab_size: int = 8192
     hidden_size: int = 384
     num_layers: int = 6
@@ -50,14 +47,11 @@ class TargetTrainConfig:
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
     eval_every: int = 250
     eval_windows: int = 64
     save_every: int = 250
     log_every: int = 25
-    seed: int = 0
     save_dtype: str = "bfloat16"
-    stop_after: int | None = None  # stop this invocation after N steps (resume later); schedule still spans `steps`
     extra: dict = field(default_factory=dict)
 
     def model_config(self, tok: Tokenizer) -> ModelConfig:
