@@ -1,10 +1,7 @@
-"""``python -m bench …`` is ``python bench/run.py …`` (see run.py)."""
+"""``python -m bench …``: see bench/run.py."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from run import main  # noqa: E402
+from .run import main
 
 sys.exit(main())

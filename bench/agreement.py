@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table, write_json  # noqa: E402
+import d3d
+from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
+from d3d.precision import auto_dtype
+from d3d.prompts import PROMPT_SETS, load_prompt_set
 
-import d3d  # noqa: E402
-from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled  # noqa: E402
-from d3d.precision import auto_dtype  # noqa: E402
-from d3d.prompts import PROMPT_SETS, load_prompt_set  # noqa: E402
+from .common import machine, markdown_table, write_json
 
 
 @torch.inference_mode()

@@ -19,7 +19,7 @@ FLOPs count only visible (query, key) pairs: 4 * H * D per pair (QK^T and PV, a 
 each per element, 2 FLOPs), summed over the pairs the layout allows. Work a method spends on
 masked pairs is not credited, so all methods are compared on the same useful work.
 
-    python bench/attention.py [--heads 32 --kv-heads 8 --head-dim 128 --dtype bf16]
+    python -m bench.attention [--heads 32 --kv-heads 8 --head-dim 128 --dtype bf16]
                               [--batch 8] [--cache-len 2048] [--prefill-len 1024] [--repeats 20]
                               [--threads N] [--out FILE]
 Defaults are GPU-sized on CUDA and small on CPU. Triton timings need a GPU: on CPU the kernel
@@ -29,25 +29,19 @@ only runs in the (slow) interpreter, so it is left out.
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import machine, markdown_table, write_json  # noqa: E402
-
-from d3d.kernels.attention import (  # noqa: E402
+from d3d.kernels.attention import (
     block_causal_groups,
     causal_groups,
     cu_seqlens_from_lengths,
     packed_attention_torch,
     packed_attention_triton,
 )
+
+from .common import machine, markdown_table, timeit, write_json
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -105,18 +99,9 @@ def build(seqs, H, Hkv, D, dtype, device):
 
 
 def median_seconds(fn, repeats: int, cuda: bool) -> tuple[float, list[float]]:
-    """(median, all times) in seconds, after one warm-up call."""
-    fn()  # warm-up (and Triton compile)
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), times
+    """(median, all times) in seconds, after one warm-up call (the Triton compile)."""
+    t = timeit(fn, repeats, sync=torch.cuda.synchronize if cuda else None)
+    return t["median"], t["all"]
 
 
 def main(argv=None) -> dict:

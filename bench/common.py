@@ -40,15 +40,29 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def timeit(fn, repeats: int, warmup: int = 1) -> dict:
-    """Run ``fn`` warmup + repeats times; seconds per run: median, min, max, all."""
-    for _ in range(warmup):
-        fn()
-    times = []
+def interleaved(runners: dict, repeats: int, warmup: int = 1, sync=None) -> dict:
+    """The one timer of the benches: seconds per run of every runner, runs interleaved (each
+    runner once per repeat, in turn) so that machine drift hits all alike. ``sync`` (e.g.
+    ``torch.cuda.synchronize``) is called before the clock starts and before it stops."""
+    for fn in runners.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in runners}
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
+        for k, fn in runners.items():
+            if sync:
+                sync()
+            t = time.perf_counter()
+            fn()
+            if sync:
+                sync()
+            times[k].append(time.perf_counter() - t)
+    return times
+
+
+def timeit(fn, repeats: int, warmup: int = 1, sync=None) -> dict:
+    """One runner through ``interleaved``: seconds per run, median, min, max and all."""
+    times = interleaved({0: fn}, repeats, warmup, sync)[0]
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "all": times}
 
 

@@ -9,27 +9,23 @@ Both engines run greedy, in the same dtype (d3d's policy unless --dtype), the sa
 token count, side by side in one process, repeats interleaved; tok/s counts generated tokens over
 the whole call (prefill included, for both). ``bundled`` times the bundled target's weights.
 
-    python bench/decode.py [--sizes qwen3-15m qwen3-100m] [--new-tokens 128] [--repeats 5] [--out FILE]
+    python -m bench decode [--sizes qwen3-15m qwen3-100m] [--new-tokens 128] [--repeats 5] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import compare_table, copy_bandwidth_gbs, load_json, machine, markdown_table, write_json  # noqa: E402
+import d3d
+from d3d.assets import BUNDLED_TARGET, bundled
+from d3d.config import preset
+from d3d.model import Transformer
 
-import d3d  # noqa: E402
-from d3d.assets import BUNDLED_TARGET, bundled  # noqa: E402
-from d3d.config import preset  # noqa: E402
-from d3d.model import Transformer  # noqa: E402
+from .common import compare_table, copy_bandwidth_gbs, interleaved, load_json, machine, markdown_table, write_json
 
 
 def weight_bytes_per_token(model: Transformer) -> int:
@@ -75,14 +71,7 @@ def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_h
         if not same_output and model.dtype == torch.float32:
             raise SystemExit(f"{name}: d3d and transformers disagree on the greedy output — not timing")
         runners["transformers"] = run_hf
-    times = {k: [] for k in runners}
-    for k, fn in runners.items():
-        fn()  # warm-up
-    for _ in range(repeats):  # interleaved, so drift hits both alike
-        for k, fn in runners.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
+    times = interleaved(runners, repeats)
     res = {"model": name, "parameters": cfg.num_parameters(), "weight_bytes_per_token": weight_bytes_per_token(model),
            "dtype": str(model.dtype).removeprefix("torch."), "same_greedy_output_as_transformers": same_output}
     for k, ts in times.items():
@@ -93,7 +82,7 @@ def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_h
     return res
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["bundled", "qwen3-15m", "qwen3-100m"],
                     help="'bundled' (the bundled target's weights) or presets from d3d.config.PRESETS")

@@ -33,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table, write_json  # noqa: E402
+from .common import machine, markdown_table, write_json
+
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_TESTS = ["tests/test_attention.py", "tests/test_denoise.py", "tests/test_accept.py"]

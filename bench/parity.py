@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table, write_json  # noqa: E402
+import d3d
 
-import d3d  # noqa: E402
+from .common import machine, markdown_table, write_json
 
 PROMPTS = (
     "Write a Python function that reverses a string.",

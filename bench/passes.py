@@ -22,12 +22,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table, write_json  # noqa: E402
+import d3d
+from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
+from d3d.precision import auto_dtype
 
-import d3d  # noqa: E402
-from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled  # noqa: E402
-from d3d.precision import auto_dtype  # noqa: E402
+from .common import interleaved, machine, markdown_table, write_json
 
 
 def pass_runner(model, T: int, context: int):
@@ -108,17 +107,10 @@ def main(argv=None) -> dict:
         for name, model in todo.items():
             for T in args.T:
                 runners[(name, dt, T)] = pass_runner(model, T, args.context)
-    times = {k: [] for k in runners}
     host = {k: [] for k in runners}
-    for fn in runners.values():  # warm-up (on CUDA: Triton compiles here)
-        fn()
-    for i in range(args.repeats):
-        for k, fn in runners.items():
-            t = time.perf_counter()
-            host[k].append(fn())
-            times[k].append(time.perf_counter() - t)
-        if (i + 1) % 10 == 0:
-            print(f"  repeat {i + 1}/{args.repeats}", file=sys.stderr, flush=True)
+    timed = {k: (lambda fn=fn, k=k: host[k].append(fn())) for k, fn in runners.items()}
+    times = interleaved(timed, args.repeats)  # warm-up first (on CUDA: Triton compiles there)
+    host = {k: v[1:] for k, v in host.items()}  # the warm-up run's host time is not a measurement
 
     results = []
     for (name, dt, T), ts in times.items():

@@ -1,4 +1,4 @@
-"""Benchmark runner: ``python -m bench <command> [options]`` or ``python bench/run.py …``.
+"""Benchmark runner: ``python -m bench <command> [options]``.
 
   speculative    ar vs sync vs async end to end: τ, tok/s, speedup over ar, hit rate, time split
   agreement      greedy sync/async vs ar token for token in bf16; margins of the target at every divergence
@@ -24,15 +24,15 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from . import schema
+from .common import copy_bandwidth_gbs, load_json, machine, markdown_table, matmul_tflops, write_json
 
-import schema  # noqa: E402
-from common import copy_bandwidth_gbs, load_json, machine, markdown_table, matmul_tflops, write_json  # noqa: E402
+
 
 
 def run_kernels(argv: list[str]) -> dict:
-    import attention
-    import sampling
+    from . import attention
+    from . import sampling
 
     ap = argparse.ArgumentParser(prog="python -m bench kernels", description="packed attention + sampling kernels")
     ap.add_argument("--out", default=None)
@@ -115,29 +115,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "speculative":
-        import speculative
+        from . import speculative
 
         schema.validate(speculative.main(rest))
     elif cmd == "agreement":
-        import agreement
+        from . import agreement
 
         schema.validate(agreement.main(rest))
     elif cmd == "gpu":
-        import gpu
+        from . import gpu
 
         schema.validate(gpu.main(rest))
     elif cmd == "passes":
-        import passes
+        from . import passes
 
         schema.validate(passes.main(rest))
     elif cmd == "decode":
-        import decode
+        from . import decode
 
         schema.validate(decode.main(rest))
     elif cmd == "kernels":
         run_kernels(rest)
     elif cmd == "parity":
-        import parity
+        from . import parity
 
         schema.validate(parity.main(rest))
     elif cmd == "readme":

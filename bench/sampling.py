@@ -15,7 +15,7 @@ GB/s counts one read of the logits (and of the draft probabilities for accept-q)
 memory-bound, so that is the figure to compare with the device's bandwidth. Accept at T = 0 stops
 reading at the first rejection, so its drafts are all correct here (the worst case).
 
-    python bench/sampling.py [--n 1 8 64] [--block 16] [--vocab 151936] [--dtype bf16]
+    python -m bench.sampling [--n 1 8 64] [--block 16] [--vocab 151936] [--dtype bf16]
                              [--repeats 20] [--threads N] [--out FILE]
 """
 
@@ -23,17 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import machine, markdown_table, timeit, write_json  # noqa: E402
+from d3d.kernels.accept import accept
+from d3d.kernels.denoise import denoise_step
 
-from d3d.kernels.accept import accept  # noqa: E402
-from d3d.kernels.denoise import denoise_step  # noqa: E402
+from .common import machine, markdown_table, timeit, write_json
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CASES = ["accept-greedy", "accept-sample", "accept-q", "denoise-greedy", "denoise-sample"]
@@ -97,11 +93,7 @@ def main(argv=None) -> dict:
         print("no CUDA device: timing the torch path only; Triton timings need a GPU\n")
 
     def timed(fn):
-        def run():
-            fn()
-            if cuda:
-                torch.cuda.synchronize()
-        return timeit(run, a.repeats)
+        return timeit(fn, a.repeats, sync=torch.cuda.synchronize if cuda else None)
 
     rows, results = [], []
     for case in a.cases:

@@ -16,7 +16,7 @@ Models load in the dtype policy's choice (``d3d.precision``; ``--dtype`` forces 
 every speculative output must equal ar; in bf16 only +exact modes must, the others are counted
 (``identical_to_ar``): they may part at near-ties of the target's logits.
 
-    python bench/speculative.py [--sets code humaneval] [--n 8] [--new-tokens 128] [--out FILE]
+    python -m bench speculative [--sets code humaneval] [--n 8] [--new-tokens 128] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import compare_table, load_json, machine, markdown_table, write_json  # noqa: E402
+import d3d
+from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
+from d3d.prompts import CHAT_SETS, PROMPT_SETS, load_prompt_set
 
-import d3d  # noqa: E402
-from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir  # noqa: E402
-from d3d.prompts import CHAT_SETS, PROMPT_SETS, load_prompt_set  # noqa: E402
+from .common import compare_table, load_json, machine, markdown_table, write_json
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
@@ -106,7 +105,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
     return res
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", help="target directory (default: bundled)")
     ap.add_argument("--drafter", help="drafter directory (default: bundled)")

@@ -1,8 +1,6 @@
 """Timing-free smoke tests of every benchmark command on tiny inputs; the JSON follows the schema."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,14 +11,13 @@ from d3d.config import preset
 from d3d.drafter import Drafter, DrafterConfig, drafter_model_config, save_drafter
 from d3d.model import Transformer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import schema  # noqa: E402
-from run import main as bench_main, readme_table  # noqa: E402
+from bench import schema
+from bench.run import main as bench_main, readme_table
 
 
 def bench_main_payload(argv):
     """Run a bench command and return its payload (run.main returns only an exit code)."""
-    import gpu
+    from bench import gpu
 
     assert argv[0] == "gpu"
     return gpu.main(argv[1:])
