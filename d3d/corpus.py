@@ -3,7 +3,13 @@
 Default corpus: the standard library of the running interpreter (DESIGN.md §8) without its test
 suites. The split is a stable hash of each file's path relative to the corpus root, so it is the
 same on every machine and run, and a held-out file is never trained on (by the target or the
-drafters).
+drafters). The held-out files are split once more, by a second hash, into
+
+    validation   for every choice made while building models (a trainer's τ monitor, the
+                 pruning search, thresholds): measured on, tuned on
+    evaluation   for the figures reported (benches, model cards): never used for a choice
+
+so that no reported figure comes from the prompts a choice was made on.
 """
 
 from __future__ import annotations
@@ -24,10 +30,21 @@ def default_corpus_root() -> Path:
 class Corpus:
     root: Path
     train: list[Path]
-    heldout: list[Path]
+    heldout: list[Path]  # validation + evaluation
 
     def describe(self) -> str:
         return f"{self.root}: {len(self.train)} train files, {len(self.heldout)} held-out files"
+
+    def part(self, name: str) -> list[Path]:
+        """Held-out files of one part: "validation", "evaluation" or "heldout" (both)."""
+        if name == "heldout":
+            return self.heldout
+        if name not in ("validation", "evaluation"):
+            raise ValueError(f"part={name!r}: expected validation, evaluation or heldout")
+        # ordered by a hash independent of the train/held-out one: the first half is validation
+        ranked = sorted(self.heldout, key=lambda p: zlib.crc32(("part:" + p.relative_to(self.root).as_posix()).encode()))
+        half = (len(ranked) + 1) // 2
+        return ranked[:half] if name == "validation" else ranked[half:]
 
 
 def is_heldout(rel: str, fraction: float) -> bool:

