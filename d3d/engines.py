@@ -594,9 +594,10 @@ def generate(
     if overlap is None:
         overlap = default_overlap(model, drafter)
     if successor_threshold is None:
-        # CPU: compute is saturated, so a successor that will likely be thrown away costs real time;
-        # measured on the bundled pair (bench/speculative.py, held-out code): 0 -> 0.86x of ar,
-        # 0.3 -> 1.11x (sync 1.01x in the same run). A GPU stream has idle capacity: always draft.
+        # CPU: compute is saturated, so a successor that will likely be thrown away costs real time.
+        # Chosen on *validation* prompts (docs/results/cpu-fastpath/threshold_validation.json, bundled
+        # pair, bf16): 0 -> 1.05x of ar, 0.1-0.7 -> 1.41-1.43x (a plateau; sync 1.43x). A GPU stream
+        # has idle capacity: always draft.
         successor_threshold = 0.0 if model.device.type == "cuda" else 0.3
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
