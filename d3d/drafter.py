@@ -123,7 +123,9 @@ class Drafter:
         masked = torch.ones(n, blk, dtype=torch.bool, device=dev)
         masked[:, :lead] = False
         layout = cache.layout([len(c) + blk for c in clean], rows, [list(range(len(c))) + [len(c)] * blk for c in clean])
-        starts = layout.cu_seqlens[:-1].tolist()
+        starts = [0]  # from the host copy of the lengths: reading cu_seqlens back would be a device sync
+        for length in layout.lens_host[:-1]:
+            starts.append(starts[-1] + length)
         ids = torch.tensor([t for c in clean for t in c + [0] * blk], dtype=torch.long, device=dev)
         index = torch.tensor([s + len(c) + j for s, c in zip(starts, clean) for j in range(blk)], device=dev)
         ids[index] = block.flatten()
@@ -141,8 +143,11 @@ class Drafter:
             for r, end in zip(job.rows, job.clean_end):
                 cache.crop(r, end)  # only clean tokens stay cached
             last = step == steps - 1
-            remaining = int(job.masked.sum(dim=1).max())
-            rule, k = ("all", 1) if last else (self.dcfg.rule, max(1, math.ceil(remaining / (steps - step))))
+            if last:  # one-step drafting reads nothing back from the device
+                rule, k = "all", 1
+            else:
+                remaining = int(job.masked.sum(dim=1).max())
+                rule, k = self.dcfg.rule, max(1, math.ceil(remaining / (steps - step)))
             was_masked = job.masked.clone() if self.vocab_map is not None else None
             denoise_step(logits.view(n, blk, -1), picks, job.masked, temperature=temperature,
                          seed=seed * 1009 + step, rule=rule, threshold=self.dcfg.threshold, k=k,

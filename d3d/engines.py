@@ -248,6 +248,24 @@ def _timed(clock: _Clock, fn):
     return result, (start, clock.now())
 
 
+class SideStream:
+    """A second CUDA stream for the successor pass: ``follow`` (start after the work already
+    queued), ``active`` (a context that queues work on it), ``join`` (the main stream waits for it)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def follow(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def active(self):
+        return torch.cuda.stream(self.stream)
+
+    def join(self) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+
 @torch.inference_mode()
 def generate_speculative(
     target: Transformer,
@@ -313,7 +331,7 @@ def generate_speculative(
     gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
     clock = _Clock()
     pool = ThreadPoolExecutor(max_workers=1) if mode == "async" and overlap == "thread" else None
-    side_stream = torch.cuda.Stream(dev) if mode == "async" and overlap == "stream" else None
+    side_stream = SideStream(dev) if mode == "async" and overlap == "stream" else None
 
     layout = tcache.layout([len(p) for p in prompts])
     ids = torch.tensor([t for p in prompts for t in p], device=dev)
@@ -368,7 +386,10 @@ def generate_speculative(
             return dict(zip(spec, zip(toks.tolist(), conf[:, 1:].prod(dim=1).tolist())))
 
         def successor():
-            return guesses_of(*drafter.draft(dcache, spec, successor_clean(), None, B))
+            return guesses_of(*successor_tensors())
+
+        def successor_tensors():  # device tensors only: enqueueing it makes the host wait for nothing
+            return drafter.draft(dcache, spec, successor_clean(), None, B)
 
         def packed():
             vids, vlayout = verify_inputs()
@@ -386,11 +407,15 @@ def generate_speculative(
                 result, verify_span = _timed(clock, verify)
                 guesses, draft_span = future.result()
             elif side_stream is not None:
-                side_stream.wait_stream(torch.cuda.current_stream(dev))
-                with torch.cuda.stream(side_stream):
-                    guesses, draft_span = _timed(clock, successor)
+                # Enqueue the successor on the side stream and the verification on the main one
+                # before anything reads a value back: a host conversion in between would make the
+                # host wait for the successor and serialise the two (tests/test_engines.py).
+                side_stream.follow()
+                with side_stream.active():
+                    pending, draft_span = _timed(clock, successor_tensors)
                 result, verify_span = _timed(clock, verify)
-                torch.cuda.current_stream(dev).wait_stream(side_stream)
+                side_stream.join()
+                guesses = guesses_of(*pending)
             else:
                 result, verify_span = _timed(clock, verify)
                 guesses, draft_span = _timed(clock, successor)

@@ -318,3 +318,63 @@ def test_exact_greedy_equals_ar_in_every_dtype(dtype, mode):
     ar = generate(target, prompts, max_new_tokens=40, stop_ids=[])
     out = generate(target, prompts, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, exact=True)
     assert out.tokens == ar.tokens
+
+
+def test_stream_overlap_reads_nothing_back_before_verification_is_queued(monkeypatch):
+    """overlap="stream": between starting the successor pass on the side stream and launching the
+    verification, nothing may be read back to the host (tolist, item, int, bool, float on a
+    tensor): on a GPU that read would wait for the successor and serialise the two passes. A CPU
+    test double stands in for the CUDA stream; the models' own forwards are not counted (on CUDA
+    they run Triton kernels that read nothing back; the CPU torch path does)."""
+    import contextlib
+
+    events, counting = [], [True]
+
+    class FakeSideStream:
+        def __init__(self, device):
+            pass
+
+        def follow(self):
+            events.append("successor")
+
+        def active(self):
+            return contextlib.nullcontext()
+
+        def join(self):
+            events.append("join")
+
+    monkeypatch.setattr(engines, "SideStream", FakeSideStream)
+
+    def spy(orig):
+        def read_back(self, *a, **kw):
+            if counting[0]:
+                events.append("read-back")
+            return orig(self, *a, **kw)
+        return read_back
+
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, spy(getattr(torch.Tensor, name)))
+
+    def quiet(forward, label=None):
+        def run(*a, **kw):
+            if label:
+                events.append(label)
+            counting[0] = False
+            try:
+                return forward(*a, **kw)
+            finally:
+                counting[0] = True
+        return run
+
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 4, seed=22)
+    monkeypatch.setattr(target, "forward", quiet(target.forward, "verify"))
+    monkeypatch.setattr(drafter.model, "forward", quiet(drafter.model.forward))
+    ref = reference(target, PROMPTS, 16)
+    out = generate(target, PROMPTS, max_new_tokens=16, stop_ids=[], mode="async", drafter=drafter, overlap="stream")
+    assert out.tokens == ref and out.stats.successor_passes > 0
+    starts = [i for i, e in enumerate(events) if e == "successor"]
+    assert len(starts) == out.stats.target_forwards - 1  # every verification had a successor beside it
+    for i in starts:
+        launch = events.index("verify", i)
+        assert "read-back" not in events[i:launch], events[i:launch]

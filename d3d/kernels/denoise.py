@@ -61,6 +61,9 @@ the vocabulary (``gumbel_argmax_torch``: same result, several times faster on pe
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 
 from . import tl, triton, use_triton
@@ -204,8 +207,12 @@ def uniform_torch(rows: torch.Tensor) -> torch.Tensor:
 
 
 def f32(x: float) -> float:
-    """``x`` rounded to fp32, so that host scalars are the very values a kernel sees."""
-    return torch.tensor(float(x), dtype=torch.float32).item()
+    """``x`` rounded to fp32, so that host scalars are the very values a kernel sees (on the host:
+    no tensor, so nothing a stream could wait for)."""
+    try:
+        return struct.unpack("f", struct.pack("f", float(x)))[0]
+    except OverflowError:  # beyond fp32's range: what the cast gives
+        return math.copysign(math.inf, float(x))
 
 
 # ------------------------------------------------------------------------------------------------
