@@ -384,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     t.add_argument("--threads", type=positive_int, help="torch CPU threads")
     add_config_args(t, TargetTrainConfig, {"stop_after": "end this invocation after N steps (resume later with "
-                                                            "--resume; the schedule still spans --steps)"})
+                                                            "--resume; the schedule still spans --steps)",
+                                           "compute_dtype": "auto: bf16 autocast where the CPU multiplies bf16 fast "
+                                                            "(d3d.precision), else fp32; or float32 / bfloat16"})
     t.set_defaults(fn=cmd_train_target)
 
     from d3d.train.drafter import DrafterTrainConfig

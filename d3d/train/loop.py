@@ -9,13 +9,15 @@ A trainer builds its model, data and loss, then hands ``train_loop`` three thing
     on_eval(step, history)                 optional: e.g. save a usable model at every evaluation
 
 and the loop does the rest the same way for all: cosine schedule with warm-up, AdamW step with
-gradient clipping, progress lines with ETA, evaluation every ``eval_every`` steps, an atomic
+gradient clipping, bf16 autocast where the CPU multiplies bf16 fast (``compute_dtype``), progress
+lines with ETA, evaluation every ``eval_every`` steps, an atomic
 ``training_state.pt`` every ``save_every`` steps (and at the end), ``--resume`` from it, and
 ``stop_after`` to end this invocation early (the schedule still spans ``steps``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from ..precision import resolve_dtype
 from .common import Progress, batch_generator, cosine_lr, load_training_state, save_training_state
 
 
@@ -44,6 +47,7 @@ class TrainSettings:
     log_every: int = 10
     seed: int = 0
     stop_after: int | None = None  # end this invocation after N steps (resume later); the schedule spans `steps`
+    compute_dtype: str = "auto"  # matmuls under autocast in bf16 where the dtype policy picks it; fp32 master weights
 
 
 @dataclass
@@ -75,6 +79,7 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
         res.start_step, res.history = state["step"], state.get("history", [])
         log(f"resumed from {state_path} at step {res.start_step}")
     trainable = [p for p in model.parameters() if p.requires_grad]
+    autocast = autocast_context(cfg.compute_dtype, next(model.parameters()).device)
     progress = Progress(cfg.steps, res.start_step)
     t0 = time.perf_counter()
     res.steps_done = res.start_step
@@ -83,7 +88,8 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
         for group in optimizer.param_groups:
             group["lr"] = lr
         model.train()
-        loss, tokens = loss_fn(step, batch_generator(cfg.seed, step))
+        with autocast():
+            loss, tokens = loss_fn(step, batch_generator(cfg.seed, step))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
@@ -109,4 +115,16 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
     return res
 
 
-__all__ = ["train_loop", "LoopResult", "TrainSettings"]
+def autocast_context(compute_dtype: str, device: torch.device):
+    """A context factory: bf16 autocast when ``compute_dtype`` (or, for "auto", the dtype policy of
+    ``d3d.precision``) says bf16, else nothing. Weights, optimizer state and the loss stay fp32.
+
+    Measured: a training step of the 12.6M bundled-target shape (batch 16 x 256) took 2.67-2.87 s
+    in fp32 and 0.91-1.25 s under bf16 autocast (AMD EPYC Zen 5 with avx512_bf16, 2 threads)."""
+    dtype = resolve_dtype(compute_dtype, device)
+    if dtype == torch.float32:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+__all__ = ["train_loop", "LoopResult", "TrainSettings", "autocast_context"]
