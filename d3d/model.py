@@ -36,6 +36,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     """
     d = x.shape[-1]
     if x.is_cuda or torch.is_grad_enabled():
+        if weight is not None and weight.dtype != x.dtype:  # bf16 activations of fp32 weights (autocast)
+            return F.rms_norm(x.float(), (d,), weight.float(), eps).to(x.dtype)
         return F.rms_norm(x, (d,), weight, eps)
     return F.layer_norm(torch.cat([x, -x], dim=-1), (2 * d,), _padded(weight), None, eps)[..., :d]
 

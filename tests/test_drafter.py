@@ -300,3 +300,20 @@ def test_int8_storage_round_trip(tmp_path):
     save_file(tensors, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="o_proj.weight.*int8 storage expected"):
         load_drafter(tmp_path, target=target)
+
+
+def test_drafter_training_under_the_bf16_policy(tmp_path, monkeypatch):
+    """Where the dtype policy picks bf16 (forced here), the trainers keep fp32 master weights and
+    autocast the matmuls: training runs, learns something, and saves a loadable drafter."""
+    tcfg = tiny_config(tmp_path, steps=10, hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=2,
+                       intermediate_size=128, vocab_size=320, max_positions=256)
+    train_target(tcfg, log=lambda *_: None)
+    monkeypatch.setenv("D3D_DTYPE", "bfloat16")
+    cfg = DrafterTrainConfig(target=tcfg.out, out=str(tmp_path / "drafter"), corpus=tcfg.corpus,
+                             heldout_fraction=tcfg.heldout_fraction, num_layers=1, block_size=4, n_sequences=16,
+                             prompt_len=16, gen_len=24, batch_size=4, steps=6, eval_every=6, eval_prompts=2,
+                             eval_new_tokens=8, log_every=100, save_every=100)
+    summary = train_drafter(cfg, log=lambda *_: None)
+    assert summary["losses_this_run"][-1] < summary["losses_this_run"][0]
+    target = d3d.load_model(tcfg.out)
+    assert target.dtype == torch.bfloat16 and d3d.load_drafter(cfg.out, target=target).model.dtype == torch.bfloat16

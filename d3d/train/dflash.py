@@ -116,7 +116,7 @@ def measure_dflash_tau(target, drafter, prompts, max_new_tokens, block_size) -> 
 def train_dflash(cfg: DFlashTrainConfig, resume: bool = False, log=print) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_model(cfg.target).requires_grad_(False)
+    target = load_model(cfg.target, dtype="float32").requires_grad_(False)  # fp32 master; compute_dtype autocasts
     tok = Tokenizer.load(cfg.target)
     data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
                               cfg.gen_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else out / "data", log=log)

@@ -245,7 +245,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         raise ValueError(f"--window ({cfg.window}) must be a multiple of --block-size ({cfg.block_size})")
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
-    target = load_model(cfg.target)
+    target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
     tok = Tokenizer.load(cfg.target)
     if cfg.data == "chat":
         data, loss_mask = make_chat_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
