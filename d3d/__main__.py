@@ -308,7 +308,8 @@ def cmd_prune(args) -> int:
     after = report["greedy_trace"][-1]["tau"] if "greedy_trace" in report else measure(pruned)
     report.update(removed=removed, tau_after=after, retention=after / before, layers_after=pruned.cfg.num_hidden_layers)
     log(f"τ after removing layers {removed}: {after:.3f} ({100 * after / before:.1f}% retained)")
-    d3d.save_drafter(pruned, args.out)
+    # the file keeps the storage of the drafter it came from, whatever dtype the policy ran it in
+    d3d.save_drafter(pruned, args.out, dtype=drafter.cfg.torch_dtype, int8=drafter.dcfg.int8_weights)
     (Path(args.out) / "prune_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report))
     return 0
