@@ -381,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "tokenizer_config.json), training_state.pt for --resume and train_summary.json.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     t.add_argument("--out", required=True, help="output directory")
-    t.add_argument("--corpus", help="directory of .py files (default: the standard library)")
+    t.add_argument("--corpus", help="directory of .py files (default: the standard library), or python-sources: the standard "
+                   "library + the installed torch, pip, setuptools, triton sources, deduplicated by content")
     t.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     t.add_argument("--threads", type=positive_int, help="torch CPU threads")
     add_config_args(t, TargetTrainConfig, {"stop_after": "end this invocation after N steps (resume later with "
@@ -401,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--target", required=True, help="target checkpoint directory (with tokenizer.json)")
     r.add_argument("--out", required=True, help="output directory for the drafter")
-    r.add_argument("--corpus", help="directory of .py files (default: the standard library)")
+    r.add_argument("--corpus", help="directory of .py files (default: the standard library), or python-sources: the standard "
+                   "library + the installed torch, pip, setuptools, triton sources, deduplicated by content")
     r.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     r.add_argument("--threads", type=positive_int, help="torch CPU threads")
     r.add_argument("--own-embeddings", action="store_true",
@@ -430,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     f.add_argument("--target", required=True, help="target checkpoint directory (with tokenizer.json)")
     f.add_argument("--out", required=True, help="output directory for the drafter")
-    f.add_argument("--corpus", help="directory of .py files (default: the standard library)")
+    f.add_argument("--corpus", help="directory of .py files (default: the standard library), or python-sources: the standard "
+                   "library + the installed torch, pip, setuptools, triton sources, deduplicated by content")
     f.add_argument("--data-dir", help="where target continuations are cached (default OUT/data; point it at a "
                                       "train-drafter run's data directory to reuse them)")
     f.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")

@@ -14,12 +14,20 @@ so that no reported figure comes from the prompts a choice was made on.
 
 from __future__ import annotations
 
+import hashlib
 import sysconfig
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+# ``--corpus python-sources``: the standard library plus the Python sources every d3d install
+# has anyway, deduplicated by content and split by a hash of the content. numpy and transformers
+# are never part of it: they are the unseen third-party code evaluations use.
+PYTHON_SOURCES = "python-sources"
+SOURCE_PACKAGES = ("torch", "pip", "setuptools", "triton", "safetensors", "tokenizers")
+EVALUATION_ONLY_PACKAGES = ("numpy", "transformers")
 
 
 def default_corpus_root() -> Path:
@@ -31,6 +39,7 @@ class Corpus:
     root: Path
     train: list[Path]
     heldout: list[Path]  # validation + evaluation
+    keys: dict[Path, str] | None = None  # split keys (content hashes) of a multi-root corpus
 
     def describe(self) -> str:
         return f"{self.root}: {len(self.train)} train files, {len(self.heldout)} held-out files"
@@ -42,7 +51,10 @@ class Corpus:
         if name not in ("validation", "evaluation"):
             raise ValueError(f"part={name!r}: expected validation, evaluation or heldout")
         # ordered by a hash independent of the train/held-out one: the first half is validation
-        ranked = sorted(self.heldout, key=lambda p: zlib.crc32(("part:" + p.relative_to(self.root).as_posix()).encode()))
+        def key(p: Path) -> str:
+            return self.keys[p] if self.keys is not None else p.relative_to(self.root).as_posix()
+
+        ranked = sorted(self.heldout, key=lambda p: zlib.crc32(("part:" + key(p)).encode()))
         half = (len(ranked) + 1) // 2
         return ranked[:half] if name == "validation" else ranked[half:]
 
@@ -51,8 +63,47 @@ def is_heldout(rel: str, fraction: float) -> bool:
     return zlib.crc32(rel.encode()) % 10_000 < fraction * 10_000
 
 
+def source_roots() -> list[Path]:
+    """The standard library and the installed packages of ``SOURCE_PACKAGES`` (those present)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    return [default_corpus_root()] + [site / name for name in SOURCE_PACKAGES if (site / name).is_dir()]
+
+
+def multi_root_corpus(roots: list[Path], heldout_fraction: float, suffix: str = ".py", name: str = PYTHON_SOURCES
+                      ) -> Corpus:
+    """The ``*.py`` files under several roots, each distinct content once (the first path that has
+    it), split train / held-out by a hash of the content: a file copied into two packages can
+    never be on both sides."""
+    if not 0 < heldout_fraction < 1:
+        raise ValueError(f"heldout_fraction={heldout_fraction}: must be in (0, 1)")
+    keys: dict[Path, str] = {}
+    seen: set[str] = set()
+    for root in roots:
+        for p in sorted(root.rglob(f"*{suffix}")):
+            if not p.is_file() or EXCLUDED_DIRS.intersection(p.relative_to(root).parts[:-1]):
+                continue
+            if any(part in EVALUATION_ONLY_PACKAGES for part in p.parts):
+                continue
+            data = p.read_bytes()
+            digest = hashlib.sha1(data).hexdigest()
+            if data.strip() and digest not in seen:
+                seen.add(digest)
+                keys[p] = digest
+    if not keys:
+        raise ValueError(f"corpus {name}: no non-empty {suffix} files under {[str(r) for r in roots]}")
+    train, heldout = [], []
+    for p, digest in keys.items():
+        (heldout if is_heldout(digest, heldout_fraction) else train).append(p)
+    if not train or not heldout:
+        raise ValueError(f"corpus {name}: {len(keys)} distinct file(s) are too few to split into train and held-out")
+    return Corpus(Path(name), train, heldout, keys)
+
+
 def find_corpus(root: str | Path | None = None, heldout_fraction: float = 0.05, suffix: str = ".py") -> Corpus:
-    """All ``*.py`` files under ``root`` (default: the stdlib), split train / held-out by file."""
+    """All ``*.py`` files under ``root`` (default: the stdlib), split train / held-out by file;
+    ``root="python-sources"``: ``multi_root_corpus`` over ``source_roots()``."""
+    if str(root) == PYTHON_SOURCES:
+        return multi_root_corpus(source_roots(), heldout_fraction, suffix)
     root = Path(root) if root is not None else default_corpus_root()
     if not root.exists():
         raise FileNotFoundError(f"corpus {root}: no such directory")

@@ -29,3 +29,21 @@ def test_windows_seen_in_training_are_dropped(tmp_path):
         texts = [tok.decode(p) for p in prompts]
         assert not any(seen_in(t, train_text) for t in texts)
         assert not any("Example Licence" in t for t in texts)
+
+
+def test_multi_root_corpus_dedups_by_content_and_keeps_evaluation_packages_out(tmp_path):
+    from d3d.corpus import multi_root_corpus
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        (root / "pkg").mkdir(parents=True)
+    for i in range(40):
+        (a / "pkg" / f"m{i}.py").write_text(f"x_{i} = {i}\n")
+    (b / "pkg" / "copy.py").write_text("x_7 = 7\n")  # the same content as a/pkg/m7.py
+    (b / "numpy").mkdir()
+    (b / "numpy" / "core.py").write_text("never_trained = 1\n")  # evaluation-only package
+    corpus = multi_root_corpus([a, b], 0.2)
+    files = corpus.train + corpus.heldout
+    assert len(files) == 40 and b / "pkg" / "copy.py" not in files
+    assert not any("numpy" in p.parts for p in files)
+    assert set(corpus.part("validation")) | set(corpus.part("evaluation")) == set(corpus.heldout)
