@@ -54,8 +54,8 @@ def _padded(weight: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * w (``rms_norm``). One rounding in low precision (HF rounds
-    before the weight multiply too; one rounding is closer to the fp32 result)."""
+    """y = x / sqrt(mean(x^2) + eps) * w (``rms_norm``). In low precision the result is rounded
+    once (HF rounds the normalised x, then the product: one rounding is closer to fp32)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
