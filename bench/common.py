@@ -139,3 +139,18 @@ def matmul_tflops(n: int = 1024, repeats: int = 5, device: str = "cpu", dtype=No
             torch.cuda.synchronize()
 
     return 2 * n ** 3 / timeit(run, repeats)["median"] / 1e12
+
+
+def random_model(name: str, device: str = "cpu"):
+    """A random-weight fp32 model of ``d3d.config`` preset ``name`` (normal, std 0.02), for shapes
+    no checkpoint here has."""
+    import torch
+
+    from d3d.config import preset
+    from d3d.model import Transformer
+
+    with torch.device(device):
+        model = Transformer(preset(name))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return model.eval().requires_grad_(False)

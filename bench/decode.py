@@ -22,10 +22,10 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_TARGET, bundled
-from d3d.config import preset
 from d3d.model import Transformer
 
-from .common import compare_table, copy_bandwidth_gbs, interleaved, load_json, machine, markdown_table, write_json
+from .common import (compare_table, copy_bandwidth_gbs, interleaved, load_json, machine, markdown_table,
+                     random_model, write_json)
 
 
 def weight_bytes_per_token(model: Transformer) -> int:
@@ -42,10 +42,7 @@ def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_h
         if name == "bundled":  # the bundled target's own weights
             src = bundled(BUNDLED_TARGET)
         else:  # a random model of a preset shape, written once so both engines load the same file
-            model = Transformer(preset(name))
-            for p in model.parameters():
-                torch.nn.init.normal_(p, std=0.02)
-            d3d.save_model(model, tmp)
+            d3d.save_model(random_model(name), tmp)
             src = tmp
         model = d3d.load_model(src, dtype=dtype)
         hf = None

@@ -24,9 +24,9 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
-from d3d.precision import auto_dtype
+from d3d.precision import auto_dtype, resolve_dtype
 
-from .common import interleaved, machine, markdown_table, write_json
+from .common import interleaved, machine, markdown_table, random_model, write_json
 
 
 def pass_runner(model, T: int, context: int):
@@ -52,19 +52,6 @@ def pass_runner(model, T: int, context: int):
         return host
 
     return run
-
-
-def random_model(name: str, dtype: str, device: str):
-    """A random-weight model of preset ``name`` (std 0.02), for shapes no checkpoint here has."""
-    from d3d.config import preset
-    from d3d.model import Transformer
-    from d3d.precision import resolve_dtype
-
-    with torch.device(device):
-        model = Transformer(preset(name))
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-    return model.to(resolve_dtype(dtype, device)).eval().requires_grad_(False).pack_for_cpu()
 
 
 def main(argv=None) -> dict:
@@ -94,7 +81,7 @@ def main(argv=None) -> dict:
     runners, models = {}, {}
     for dt in dtypes:
         if args.preset:
-            target = random_model(args.preset, dt, args.device)
+            target = random_model(args.preset, args.device).to(resolve_dtype(dt, args.device)).pack_for_cpu()
         else:
             target = d3d.load_model(target_dir, dtype=dt, device=args.device)
         todo = {"target": target}

@@ -123,9 +123,7 @@ class Drafter:
         masked = torch.ones(n, blk, dtype=torch.bool, device=dev)
         masked[:, :lead] = False
         layout = cache.layout([len(c) + blk for c in clean], rows, [list(range(len(c))) + [len(c)] * blk for c in clean])
-        starts = [0]  # from the host copy of the lengths: reading cu_seqlens back would be a device sync
-        for length in layout.lens_host[:-1]:
-            starts.append(starts[-1] + length)
+        starts = layout.offsets_host()[:-1]
         ids = torch.tensor([t for c in clean for t in c + [0] * blk], dtype=torch.long, device=dev)
         index = torch.tensor([s + len(c) + j for s, c in zip(starts, clean) for j in range(blk)], device=dev)
         ids[index] = block.flatten()

@@ -134,5 +134,5 @@ def test_passes_smoke(tmp_path):
     payload = json.loads(out.read_text())
     schema.validate(payload)
     assert {r["T"] for r in payload["results"]} == {1, 3}
-    assert all(r["vs_T1"] == 1.0 for r in payload["results"] if r["T"] == 1)
+    assert all(r["ms_min"] <= r["ms"] <= r["ms_max"] for r in payload["results"])  # medians of the repeats
     assert payload["machine"]["dtype_policy"]["dtype"] in ("float32", "bfloat16")

@@ -263,8 +263,9 @@ def _debug_checks() -> bool:
 
 @dataclass
 class SeqPlan:
-    """How the torch path attends one sequence: queries ``start:end``, keys ``0:keys`` of cache
-    row ``row`` (plus ``k[start:end]`` when new keys are given), SDPA's ``mask`` or ``causal``."""
+    """How the torch path attends one sequence: queries ``start:end`` over cache row ``row``'s
+    first ``cached`` keys and then the sequence's new keys (in the cache after them, or
+    ``k[start:end]`` when given), with SDPA's ``mask`` or ``causal``."""
 
     start: int
     end: int
