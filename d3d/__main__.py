@@ -205,6 +205,15 @@ def log_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+_SETTINGS_HELP = {  # the fields every trainer shares (d3d.train.loop.TrainSettings)
+    "stop_after": "end this invocation after N steps (resume later with --resume; the schedule still spans --steps)",
+    "stop_after_minutes": "end this invocation at the first step past M minutes of training, with an evaluation and "
+                          "a saved state (a chunk that fits a session; resume later with --resume)",
+    "compute_dtype": "auto: bf16 autocast where the CPU multiplies bf16 fast (d3d.precision), else fp32; or "
+                     "float32 / bfloat16",
+}
+
+
 def add_config_args(parser, cls, helps: dict[str, str] | None = None, skip: tuple[str, ...] = ()) -> None:
     """A ``--some-field`` option for every field of the training config dataclass ``cls`` (so
     every setting can be given on the command line), defaulting to the dataclass's value; fields
@@ -217,7 +226,7 @@ def add_config_args(parser, cls, helps: dict[str, str] | None = None, skip: tupl
         if f.name in required or f.name in skip or flag in parser._option_string_actions:
             continue
         default, kind = getattr(defaults, f.name), str(f.type)
-        kw = dict(default=default, help=(helps or {}).get(f.name, "(default: %(default)s)"))
+        kw = dict(default=default, help={**_SETTINGS_HELP, **(helps or {})}.get(f.name, "(default: %(default)s)"))
         if kind == "bool":
             kw["action"] = argparse.BooleanOptionalAction
         elif kind.startswith("tuple[float"):
@@ -385,10 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "library + the installed torch, pip, setuptools, triton sources, deduplicated by content")
     t.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     t.add_argument("--threads", type=positive_int, help="torch CPU threads")
-    add_config_args(t, TargetTrainConfig, {"stop_after": "end this invocation after N steps (resume later with "
-                                                            "--resume; the schedule still spans --steps)",
-                                           "compute_dtype": "auto: bf16 autocast where the CPU multiplies bf16 fast "
-                                                            "(d3d.precision), else fp32; or float32 / bfloat16"})
+    add_config_args(t, TargetTrainConfig)
     t.set_defaults(fn=cmd_train_target)
 
     from d3d.train.drafter import DrafterTrainConfig
@@ -414,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(r, DrafterTrainConfig, skip=("shared_embeddings",), helps={
                      "mix": "shares of all-mask / anchored / partial blocks in training",
                      "clean_mask": "attention among the clean half in training: causal (as the cache at inference)",
-                     "stop_after": "end this invocation after N steps (resume later with --resume)","window": "--data chat: tokens per training row (the last WINDOW of request + answer)",
+                     "window": "--data chat: tokens per training row (the last WINDOW of request + answer)",
                      "gen_len": "tokens the target generates per prompt (chat: at most, it stops at end of turn)",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
                                     "training answers (the head scores only those; needs shared embeddings)",

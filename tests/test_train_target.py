@@ -1,5 +1,7 @@
 """Target pretraining: it learns, it resumes exactly, it refuses bad input."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,6 +73,18 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     resumed = first["losses_this_run"] + rest["losses_this_run"]
     assert len(resumed) == 8
     torch.testing.assert_close(torch.tensor(resumed), torch.tensor(full["losses_this_run"]), rtol=1e-5, atol=1e-5)
+
+
+def test_stop_after_minutes_ends_the_chunk_with_a_saved_state(tmp_path):
+    """A wall-time chunk (0 minutes: the first step is past it) stops after one step, evaluates and
+    saves, and --resume continues from there on the same batches."""
+    cfg = tiny_config(tmp_path / "b", steps=4, save_every=100, eval_every=100, stop_after_minutes=0.0)
+    first = train_target(cfg, log=lambda *_: None)
+    assert len(first["losses_this_run"]) == 1 and first["history"][-1]["step"] == 1
+    assert torch.load(Path(cfg.out) / "training_state.pt", weights_only=False)["step"] == 1
+    cfg.stop_after_minutes = None
+    rest = train_target(cfg, resume=True, log=lambda *_: None)
+    assert len(rest["losses_this_run"]) == 3
 
 
 def test_bad_inputs(tmp_path):

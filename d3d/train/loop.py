@@ -12,7 +12,8 @@ and the loop does the rest the same way for all: cosine schedule with warm-up, A
 gradient clipping, bf16 autocast where the CPU multiplies bf16 fast (``compute_dtype``), progress
 lines with ETA, evaluation every ``eval_every`` steps, an atomic
 ``training_state.pt`` every ``save_every`` steps (and at the end), ``--resume`` from it, and
-``stop_after`` to end this invocation early (the schedule still spans ``steps``).
+``stop_after`` (steps) or ``stop_after_minutes`` (wall time: a chunk that fits a session) to end
+this invocation early with an evaluation and a saved state (the schedule still spans ``steps``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class TrainSettings:
     log_every: int = 10
     seed: int = 0
     stop_after: int | None = None  # end this invocation after N steps (resume later); the schedule spans `steps`
+    stop_after_minutes: float | None = None  # end this invocation at the first step past this wall time (resume later)
     compute_dtype: str = "auto"  # matmuls under autocast in bf16 where the dtype policy picks it; fp32 master weights
 
 
@@ -71,7 +73,8 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
     res = LoopResult()
     if resume:
         state = load_training_state(state_path)
-        changed = sorted(k for k, v in state.get("config", {}).items() if k != "stop_after" and asdict(cfg).get(k) != v)
+        changed = sorted(k for k, v in state.get("config", {}).items()
+                         if k not in _PER_INVOCATION and asdict(cfg).get(k) != v)
         if changed:
             log(f"note: resuming with changed settings: {', '.join(changed)}")
         model.load_state_dict(state["model"])
@@ -97,7 +100,8 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
         res.losses.append(loss.item())
         res.tokens_seen += tokens
         res.steps_done = step + 1
-        last = step + 1 == cfg.steps or (cfg.stop_after is not None and len(res.losses) >= cfg.stop_after)
+        last = (step + 1 == cfg.steps or (cfg.stop_after is not None and len(res.losses) >= cfg.stop_after)
+                or (cfg.stop_after_minutes is not None and time.perf_counter() - t0 >= 60 * cfg.stop_after_minutes))
         if (step + 1) % cfg.log_every == 0 or last:
             progress.report(step, res.tokens_seen, loss=res.losses[-1], lr=lr)
         if (step + 1) % cfg.eval_every == 0 or last:
@@ -113,6 +117,9 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
     res.seconds = time.perf_counter() - t0
     model.eval()
     return res
+
+
+_PER_INVOCATION = ("stop_after", "stop_after_minutes")  # may change between chunks without a note
 
 
 def autocast_context(compute_dtype: str, device: torch.device):
