@@ -61,18 +61,26 @@ class Explainer:
         accepted = self._paint(piece(info.draft[:a]), "32", "[{}]") if a else ""
         rejected = self._paint(piece(info.draft[a:]), "31;9", "~{}~") if a < len(info.draft) else ""
         bonus = self._paint(piece([info.bonus]), "1;33", "<{}>")
-        source = "successor drafted during the previous verification" if info.successor_used else (
+        source = "drafted during the previous verification (a hypothesis hit)" if info.successor_used else (
             f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         lines = [f"round {info.round}: accepted {a}/{len(info.draft)} + bonus ({source})",
                  f"  {accepted}{rejected}  bonus {bonus}",
                  f"  verify   {v0 * 1000:8.1f} .. {v1 * 1000:8.1f} ms"]
+        if info.hypotheses:
+            def name(h):
+                bonus = "guess" if h.bonus is None else repr(piece([h.bonus]))
+                return f"a={h.accepted} b={bonus} ({h.score:.2f})"
+
+            marks = ["*" if m == info.hit else "" for m in range(len(info.hypotheses))]
+            lines.append("  hypotheses " + ", ".join(name(h) + mark for h, mark in zip(info.hypotheses, marks))
+                         + ("" if info.draft_span else "  (not drafted: below --successor-threshold)"))
         if info.draft_span:
             d0, d1 = info.draft_span
             overlap = max(0.0, min(v1, d1) - max(v0, d0))
             lines.append(f"  drafting {d0 * 1000:8.1f} .. {d1 * 1000:8.1f} ms  (overlap with verify {overlap * 1000:.1f} ms)")
-            lines.append("  -> successor used next round" if not info.fallback else
-                         "  -> fallback: successor unusable (not all accepted, or bonus guess wrong); draft again")
+            lines.append(f"  -> hypothesis {info.hit} (*) hit: its block is the next draft" if not info.fallback else
+                         "  -> no hypothesis matched the outcome; draft again")
         print("\n".join(lines), file=self.out, flush=True)
 
 
@@ -150,7 +158,8 @@ def cmd_generate(args) -> int:
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer,
                        mode=mode, drafter=drafter, block_size=args.block_size,
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
-                       successor_threshold=args.successor_threshold, exact=args.exact)
+                       successor_threshold=args.successor_threshold, exact=args.exact,
+                       hypotheses=args.hypotheses, fanout=args.fanout)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -166,7 +175,7 @@ def cmd_generate(args) -> int:
     if s.mode != "ar":
         summary += f", τ {s.tau:.2f}, {s.rounds} rounds (B={s.block_size})"
         if s.mode == "async":
-            summary += f", successor hit rate {s.hit_rate:.0%}"
+            summary += f", hypothesis hit rate {s.hit_rate:.0%}"
     else:
         summary += f", {s.target_forwards} target forwards"
     summary += ", stopped on a stop token" if s.stopped[0] else ", reached --max-new-tokens"
@@ -345,11 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
                         "timing overlap of drafting and verification")
     g.add_argument("--overlap", choices=["thread", "packed", "stream", "none"], default=None,
-                   help="async: how drafting runs beside verification (default: stream on CUDA; none on CPU, "
-                        "i.e. the successor pass right after verification, measured fastest on 2 cores)")
+                   help="async: how the hypotheses pass runs beside verification (default: stream on CUDA; none "
+                        "on CPU, i.e. right after verification, measured fastest on 2 cores)")
+    g.add_argument("--hypotheses", type=positive_int, default=None,
+                   help="async: K, successor blocks drafted per round for the K likeliest verification outcomes "
+                        "(accept length, bonus token) (default: the device's measured choice, d3d/overlap.py)")
+    g.add_argument("--fanout", type=positive_int, default=None,
+                   help="async: F, bonus candidates per accept length: the drafter's F likeliest tokens other "
+                        "than its draft (default: the device's measured choice)")
     g.add_argument("--successor-threshold", type=float, default=None,
-                   help="async: draft the successor only when the drafter's confidence product over the "
-                        "current draft is at least this (0 = always, as in D3D; default 0.3 on CPU, 0 on CUDA)")
+                   help="async: draft hypotheses only when the drafter's estimate of their total probability "
+                        "(that one of them hits) is at least this (0 = always; default: the device's choice)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

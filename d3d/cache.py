@@ -40,11 +40,13 @@ class PassLayout:
     group_ids: torch.Tensor  # [T] int32, attention groups (see d3d.kernels.attention)
     positions: torch.Tensor  # [T] int64, absolute positions (RoPE)
     write_rows: torch.Tensor  # [T] int64, cache row each new token is written to
+    slots: torch.Tensor  # [T] int64, cache index each new token is written to (c, c+1, ...; = positions by default)
     max_seqlen: int
     rows_host: list[int]
     lens_host: list[int]
     cache_lens_host: list[int]
     row_invariant: bool = False  # torch path: causal runs attend one row at a time (see torch_plan)
+    reach: torch.Tensor | None = None  # [T] int32: sibling blocks (d3d.kernels.attention); None = groups rule
     _plan: list[SeqPlan] | None = field(default=None, repr=False)
 
     @property
@@ -63,14 +65,14 @@ class PassLayout:
         and shared by every layer of the pass."""
         if self._plan is None:
             self._plan = torch_plan(self.offsets_host(), self.cache_lens_host, self.rows_host, self.group_ids,
-                                    row_invariant=self.row_invariant)
+                                    row_invariant=self.row_invariant, reach=self.reach)
         return self._plan
 
     def write(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Write the pass's new keys or values ``src`` [T, Hkv, D] into a cache layer ``dst``
         [R, Hkv, Lmax, D] at each sequence's row and positions (contiguous: slice copies)."""
         if len(self.rows_host) > _SLICE_WRITES_UP_TO:
-            dst[self.write_rows, :, self.positions] = src.to(dst.dtype)
+            dst[self.write_rows, :, self.slots] = src.to(dst.dtype)
             return
         start = 0
         for row, n, c in zip(self.rows_host, self.lens_host, self.cache_lens_host):
@@ -88,11 +90,16 @@ def make_layout(
     cache_lens: list[int],
     device: torch.device | str = "cpu",
     groups: list[list[int]] | None = None,
+    reach: list[list[int]] | None = None,
+    positions: list[list[int]] | None = None,
 ) -> PassLayout:
     """Layout for appending ``lens[i]`` tokens to row ``rows[i]`` which holds ``cache_lens[i]``.
 
     ``groups[i]`` gives the attention groups of sequence i's new tokens (non-decreasing); the
-    default is causal (each token its own group).
+    default is causal (each token its own group). ``reach[i]`` (with groups) lets sibling blocks
+    branch off a causal run (``d3d.kernels.attention``). ``positions[i]``: the RoPE positions of the
+    new tokens when they are not ``cache_lens[i], cache_lens[i] + 1, ...`` (a block placed after a
+    prefix of the run before it); the tokens still go to the next cache slots.
     """
     if not (len(rows) == len(lens) == len(cache_lens)):
         raise ValueError("rows, lens and cache_lens must have one entry per sequence")
@@ -101,10 +108,14 @@ def make_layout(
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
-    pos, grp, wrows = [], [], []
+    pos, grp, wrows, rch = [], [], [], []
     for i, (row, n, c) in enumerate(zip(rows, lens, cache_lens)):
         pos.extend(range(c, c + n))
         wrows.extend([row] * n)
+        if reach is not None:
+            if groups is None or len(reach[i]) != n:
+                raise ValueError(f"reach[{i}] needs groups and one entry per new token ({n})")
+            rch.extend(reach[i])
         if groups is None:
             grp.extend(range(n))
         else:
@@ -113,17 +124,24 @@ def make_layout(
                 raise ValueError(f"groups[{i}] has {len(g)} entries for {n} new tokens")
             grp.extend(g)
     i32 = dict(dtype=torch.int32, device=device)
+    slots = torch.tensor(pos, dtype=torch.long, device=device)
+    if positions is not None:
+        if [len(p) for p in positions] != list(lens):
+            raise ValueError(f"positions: expected {list(lens)} entries per sequence, got {[len(p) for p in positions]}")
+        pos = [p for seq in positions for p in seq]
     return PassLayout(
         rows=torch.tensor(rows, **i32),
         cu_seqlens=torch.tensor(cu, **i32),
         cache_lens=torch.tensor(cache_lens, **i32),
         group_ids=torch.tensor(grp, **i32),
-        positions=torch.tensor(pos, dtype=torch.long, device=device),
+        positions=slots if positions is None else torch.tensor(pos, dtype=torch.long, device=device),
         write_rows=torch.tensor(wrows, dtype=torch.long, device=device),
+        slots=slots,
         max_seqlen=max(lens),
         rows_host=list(rows),
         lens_host=list(lens),
         cache_lens_host=list(cache_lens),
+        reach=None if reach is None else torch.tensor(rch, **i32),
     )
 
 
@@ -173,6 +191,8 @@ class KVCache:
         rows: list[int] | None = None,
         groups: list[list[int]] | None = None,
         row_invariant: bool = False,
+        reach: list[list[int]] | None = None,
+        positions: list[list[int]] | None = None,
     ) -> PassLayout:
         """Layout that appends ``lens[i]`` tokens to row ``rows[i]`` (default: rows 0..N-1).
 
@@ -190,7 +210,7 @@ class KVCache:
                 raise ValueError(
                     f"cache row {r} holds {self.lengths[r]} tokens; {n} more exceed max_len={self.max_len}"
                 )
-        layout = make_layout(rows, lens, [self.lengths[r] for r in rows], self.device, groups)
+        layout = make_layout(rows, lens, [self.lengths[r] for r in rows], self.device, groups, reach, positions)
         layout.row_invariant = row_invariant
         return layout
 

@@ -110,8 +110,8 @@ class DFlashDrafter(nn.Module):
         layout = cache.layout(lens, rows)
         for layer_cache_k, layer_cache_v, (k, v) in zip(cache.k, cache.v,
                                                         self.context_kv(self.context(hidden), layout.positions)):
-            layer_cache_k[layout.write_rows, :, layout.positions] = k.to(layer_cache_k.dtype)
-            layer_cache_v[layout.write_rows, :, layout.positions] = v.to(layer_cache_v.dtype)
+            layer_cache_k[layout.write_rows, :, layout.slots] = k.to(layer_cache_k.dtype)
+            layer_cache_v[layout.write_rows, :, layout.slots] = v.to(layer_cache_v.dtype)
         cache.advance(layout)
 
     def block_forward(self, ids: torch.Tensor, layout, k_ctx: list[torch.Tensor], v_ctx: list[torch.Tensor]):

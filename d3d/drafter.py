@@ -110,32 +110,66 @@ class Drafter:
         shared = self.dcfg.shared_embeddings and not include_shared
         return self.cfg.num_parameters(include_embeddings=not shared)
 
-    def start(self, cache: KVCache, rows: list[int], clean: list[list[int]], anchors: list[int] | None,
-              num_masks: int) -> "DraftJob":
-        """Inputs of the first drafting pass (see ``draft``); run them with ``self.model`` or in a
-        packed pass beside the target (``d3d.packed``), then call ``finish``."""
-        n, dev = len(rows), self.model.device
-        lead = 0 if anchors is None else 1
-        blk = lead + num_masks
-        block = torch.full((n, blk), self.dcfg.mask_token_id, dtype=torch.long, device=dev)
-        if anchors is not None:
-            block[:, 0] = torch.tensor(anchors, device=dev)
-        masked = torch.ones(n, blk, dtype=torch.bool, device=dev)
-        masked[:, :lead] = False
-        layout = cache.layout([len(c) + blk for c in clean], rows, [list(range(len(c))) + [len(c)] * blk for c in clean])
-        starts = layout.offsets_host()[:-1]
-        ids = torch.tensor([t for c in clean for t in c + [0] * blk], dtype=torch.long, device=dev)
-        index = torch.tensor([s + len(c) + j for s, c in zip(starts, clean) for j in range(blk)], device=dev)
-        ids[index] = block.flatten()
+    def start(self, cache: KVCache, rows: list[int], clean: list[list[int]], blocks: list[list[Block]],
+              size: int) -> "DraftJob":
+        """Inputs of one drafting pass; run them with ``job.forward()`` (or in a packed pass beside
+        the target, ``d3d.packed``), then call ``finish``.
+
+        Row ``rows[i]`` appends ``clean[i]`` as a causal run (kept in the cache), followed by the
+        blocks ``blocks[i]``, each of ``size`` tokens: ``Block(seen, lead)`` starts right after the
+        first ``seen`` tokens of ``clean[i]`` (at that position, attending to the cache and those
+        tokens only, bidirectionally within itself) with ``lead`` (an anchor or a hypothesised
+        bonus) or a mask at its first position and masks after it. Sibling blocks ignore each
+        other (``reach`` in ``d3d.kernels.attention``); the blocks are cropped away afterwards.
+        """
+        dev, mask = self.model.device, self.dcfg.mask_token_id
+        ids, index, groups, reach, positions, masked_lead = [], [], [], [], [], []
+        branching = any(len(b) > 1 or b[0].seen != len(c) for c, b in zip(clean, blocks))
+        for row, run, row_blocks in zip(rows, clean, blocks):
+            c, n = cache.lengths[row], len(run)
+            g, r, p = list(range(n)), list(range(n)), list(range(c, c + n))
+            ids.extend(run)
+            for b, blk in enumerate(row_blocks):
+                if not 0 <= blk.seen <= n:
+                    raise ValueError(f"Block.seen={blk.seen}: must lie in [0, {n}] (the clean run's length)")
+                index.extend(range(len(ids), len(ids) + size))
+                ids.extend([mask if blk.lead is None else blk.lead] + [mask] * (size - 1))
+                masked_lead.append(blk.lead is None)
+                g += [n + b] * size
+                r += [blk.seen] * size
+                p += range(c + blk.seen, c + blk.seen + size)
+            groups.append(g), reach.append(r), positions.append(p)
+        lens = [len(g) for g in groups]
+        layout = cache.layout(lens, rows, groups, reach=reach if branching else None,
+                              positions=positions if branching else None)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        index_t = torch.tensor(index, device=dev)
+        M = len(masked_lead)
+        block = ids_t[index_t].view(M, size)
+        masked = torch.ones(M, size, dtype=torch.bool, device=dev)
+        masked[:, 0] = torch.tensor(masked_lead, device=dev)
         clean_end = [cache.lengths[r] + len(c) for r, c in zip(rows, clean)]
-        return DraftJob(rows, lead, block, masked, torch.zeros(n, blk, device=dev), clean_end, ids, layout, index)
+        block_rows = [row for row, b in zip(rows, blocks) for _ in b]
+        return DraftJob(self.model, cache, rows, block_rows, block, masked, torch.zeros(M, size, device=dev),
+                        clean_end, ids_t, layout, index_t, branching)
 
     @torch.inference_mode()
     def finish(self, cache: KVCache, job: "DraftJob", logits: torch.Tensor, temperature: float = 0.0,
-               seed: int = 0, steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Denoise from the first pass's ``logits`` ([N * block, V]); re-run the block for later steps."""
+               seed: int = 0, steps: int | None = None, top: int = 0) -> "Drafts":
+        """Denoise from the first pass's ``logits`` ([M * size, V]); re-run the blocks for later steps.
+
+        ``top`` > 0: also the drafter's ``top`` most probable target ids at every position, and their
+        probabilities, from the first pass (what outcome hypotheses are built from)."""
         steps = self.dcfg.denoise_steps if steps is None else steps
-        n, blk = job.block.shape
+        if steps > 1 and job.branching:
+            raise ValueError("multi-step denoising re-runs the blocks on top of the whole clean run: "
+                             "one block per row that sees all of it (branching blocks need denoise_steps=1)")
+        M, size = job.block.shape
+        top_ids = top_probs = None
+        if top:
+            top_probs, top_ids = logits.view(M, size, -1).float().softmax(-1).topk(top, dim=-1)
+            if self.vocab_map is not None:
+                top_ids = self.vocab_map[top_ids]
         picks = job.block if self.vocab_map is None else torch.zeros_like(job.block)  # what denoise_step writes
         for step in range(steps):
             for r, end in zip(job.rows, job.clean_end):
@@ -147,7 +181,7 @@ class Drafter:
                 remaining = int(job.masked.sum(dim=1).max())
                 rule, k = self.dcfg.rule, max(1, math.ceil(remaining / (steps - step)))
             was_masked = job.masked.clone() if self.vocab_map is not None else None
-            denoise_step(logits.view(n, blk, -1), picks, job.masked, temperature=temperature,
+            denoise_step(logits.view(M, size, -1), picks, job.masked, temperature=temperature,
                          seed=seed * 1009 + step, rule=rule, threshold=self.dcfg.threshold, k=k,
                          confidence=job.confidence)
             if self.vocab_map is not None:  # drafting-vocabulary indices -> target ids
@@ -155,9 +189,16 @@ class Drafter:
             if last or not bool(job.masked.any()):
                 break
             # later steps re-run only the blocks, on top of the cached clean runs
-            layout = cache.layout([blk] * n, job.rows, [[0] * blk] * n)
+            layout = cache.layout([size] * M, job.rows, [[0] * size] * M)
             logits = self.model(job.block.flatten(), layout, cache)
-        return job.block[:, job.lead:], job.confidence[:, job.lead:]
+        return Drafts(job.block, job.confidence, top_ids, top_probs)
+
+    @torch.inference_mode()
+    def draft_blocks(self, cache: KVCache, rows: list[int], clean: list[list[int]], blocks: list[list["Block"]],
+                     size: int, top: int = 0, temperature: float = 0.0, seed: int = 0) -> "Drafts":
+        """``start``, the pass, ``finish``: the blocks of every row drafted in one pass."""
+        job = self.start(cache, rows, clean, blocks, size)
+        return self.finish(cache, job, job.forward(), temperature, seed, top=top)
 
     @torch.inference_mode()
     def draft(
@@ -178,24 +219,53 @@ class Drafter:
         when ``anchors`` is None), which is cropped away afterwards.
         Returns ``(tokens [N, num_masks] int64, confidence [N, num_masks] float32)``.
         """
-        job = self.start(cache, rows, clean, anchors, num_masks)
-        logits = self.model(job.ids, job.layout, cache, logits_index=job.index)
-        return self.finish(cache, job, logits, temperature, seed, steps)
+        lead = 0 if anchors is None else 1
+        heads = [None] * len(rows) if anchors is None else anchors
+        job = self.start(cache, rows, clean, [[Block(len(c), a)] for c, a in zip(clean, heads)], lead + num_masks)
+        d = self.finish(cache, job, job.forward(), temperature, seed, steps)
+        return d.tokens[:, lead:], d.confidence[:, lead:]
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block to draft after a row's clean run: it starts after the run's first ``seen`` tokens,
+    with ``lead`` (a known token) or a mask (None) at its first position."""
+
+    seen: int
+    lead: int | None = None
+
+
+@dataclass
+class Drafts:
+    """What a drafting call returns, one row per block (rows' blocks in order)."""
+
+    tokens: torch.Tensor  # [M, size] int64: the lead (if any) at position 0, then the drafted tokens
+    confidence: torch.Tensor  # [M, size] float32: the drafter's probability of each drafted token (lead: 0)
+    top_ids: torch.Tensor | None = None  # [M, size, top] int64: its most probable target ids (``top`` > 0)
+    top_probs: torch.Tensor | None = None  # [M, size, top] float32: their probabilities
 
 
 @dataclass
 class DraftJob:
     """State of one drafting call between its first pass and the denoising steps."""
 
+    model: Transformer
+    cache: KVCache
     rows: list[int]
-    lead: int  # 1 when the block starts with a clean anchor
-    block: torch.Tensor  # [N, blk] tokens (mask ids where still masked)
-    masked: torch.Tensor  # [N, blk] bool
-    confidence: torch.Tensor  # [N, blk] float32
-    clean_end: list[int]  # cache length of each row once the block is cropped away
+    block_rows: list[int]  # [M] the cache row of each block
+    block: torch.Tensor  # [M, size] tokens (mask ids where still masked)
+    masked: torch.Tensor  # [M, size] bool
+    confidence: torch.Tensor  # [M, size] float32
+    clean_end: list[int]  # cache length of each row once the blocks are cropped away
     ids: torch.Tensor  # [T] packed input of the first pass
     layout: object  # PassLayout of the first pass
-    index: torch.Tensor  # [N * blk] positions of the block tokens in ``ids``
+    index: torch.Tensor  # [M * size] positions of the block tokens in ``ids``
+    branching: bool  # some block sees only part of its clean run, or a row has several blocks
+
+    @torch.inference_mode()  # also in a worker thread (inference mode is per thread)
+    def forward(self) -> torch.Tensor:
+        """The first pass: logits of the block tokens, [M * size, V]."""
+        return self.model(self.ids, self.layout, self.cache, logits_index=self.index)
 
 
 # ----------------------------------------------------------------------------- files
@@ -286,5 +356,5 @@ def save_drafter(drafter: Drafter, path: str | Path, dtype=None, int8: bool = Fa
     (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
 
-__all__ = ["Drafter", "DrafterConfig", "DraftJob", "load_drafter", "save_drafter", "drafter_model_config",
+__all__ = ["Drafter", "DrafterConfig", "DraftJob", "Block", "Drafts", "load_drafter", "save_drafter", "drafter_model_config",
            "draft_head", "DRAFT_VOCAB"]

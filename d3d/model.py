@@ -138,14 +138,15 @@ class Attention(nn.Module):
                 is_causal=attn_mask is None, enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
         elif k_cache is None:
             out = packed_attention(q, k, v, None, None, layout.cu_seqlens, layout.cache_lens,
-                                   layout.group_ids, max_seqlen=layout.max_seqlen)
+                                   layout.group_ids, max_seqlen=layout.max_seqlen, reach=layout.reach)
         else:
             # Write the new K/V into the cache first, then attend to it in place (no copies).
             layout.write(k_cache, k)
             layout.write(v_cache, v)
             if use_triton(q):
                 out = packed_attention(q, None, None, k_cache, v_cache, layout.cu_seqlens, layout.cache_lens,
-                                       layout.group_ids, cache_rows=layout.rows, max_seqlen=layout.max_seqlen)
+                                       layout.group_ids, cache_rows=layout.rows, max_seqlen=layout.max_seqlen,
+                                       reach=layout.reach)
             else:  # CPU: the layout's plan (masks, spans) is built once per pass, not per layer
                 out = attend_torch(q, None, None, k_cache, v_cache, layout.plan(), self.head_dim ** -0.5)
         return self.o_proj(out.reshape(*shape, self.cfg.q_size).to(x.dtype))

@@ -111,7 +111,8 @@ class PackedPair:
         groups = torch.cat([t_layout.group_ids, d_layout.group_ids])
         rows = torch.cat([t_layout.rows, d_layout.rows + self.t_rows])
         write_rows = torch.cat([t_layout.write_rows, d_layout.write_rows + self.t_rows])
-        positions = torch.cat([t_layout.positions, d_layout.positions])
+        slots = torch.cat([t_layout.slots, d_layout.slots])
+        reach = None if d_layout.reach is None else torch.cat([t_layout.group_ids, d_layout.reach])
         max_seqlen = max(t_layout.max_seqlen, d_layout.max_seqlen)
 
         for i in range(self.n_shared):
@@ -125,10 +126,10 @@ class PackedPair:
                 q, k = self._norm(q, self.n_q[i], eps), self._norm(k, self.n_k[i], eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             q_all = torch.cat([q[0, :Tt], q[1, :Td]])
-            self.joint_k[i][write_rows, :, positions] = torch.cat([k[0, :Tt], k[1, :Td]])
-            self.joint_v[i][write_rows, :, positions] = torch.cat([v[0, :Tt], v[1, :Td]])
+            self.joint_k[i][write_rows, :, slots] = torch.cat([k[0, :Tt], k[1, :Td]])
+            self.joint_v[i][write_rows, :, slots] = torch.cat([v[0, :Tt], v[1, :Td]])
             att = packed_attention(q_all, None, None, self.joint_k[i], self.joint_v[i], cu, cache_lens, groups,
-                                   cache_rows=rows, max_seqlen=max_seqlen)
+                                   cache_rows=rows, max_seqlen=max_seqlen, reach=reach)
             x = x + torch.bmm(pad(att[:Tt].reshape(Tt, -1), att[Tt:].reshape(Td, -1)), self.w_o[i])
             gate, up = torch.bmm(self._norm(x, self.n_post[i], eps), self.w_gate_up[i]).chunk(2, dim=-1)
             x = x + torch.bmm(F.silu(gate) * up, self.w_down[i])

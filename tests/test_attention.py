@@ -139,6 +139,65 @@ def test_shared_cache_rows(backend):
     assert_close(run(args), ref, torch.float32)
 
 
+def reach_case(dtype, Hkv=2, D=16, cached=(5, 3)):
+    """Two sequences: 7 clean tokens then sibling blocks of 4 branching after 2, 7 and 0 of them
+    (reach), and a plain causal run of 5 (reach = groups)."""
+    n_clean, blk, branches = 7, 4, [2, 7, 0]
+    g0 = list(range(n_clean)) + [n_clean + b for b in range(len(branches)) for _ in range(blk)]
+    r0 = list(range(n_clean)) + [branches[b] for b in range(len(branches)) for _ in range(blk)]
+    g1 = list(range(5))
+    groups, reach = torch.tensor(g0 + g1), torch.tensor(r0 + g1)
+    lens = [len(g0), len(g1)]
+    T, H = sum(lens), 4
+    R, Lmax = 2, max(c + n for c, n in zip(cached, lens)) + 2
+    q, k, v = (torch.randn(T, h, D).to(dtype) for h in (H, Hkv, Hkv))
+    k_cache = torch.full((R, Hkv, Lmax, D), math.nan, dtype=dtype)
+    v_cache = torch.full((R, Hkv, Lmax, D), math.nan, dtype=dtype)
+    for n, c in enumerate(cached):
+        k_cache[n, :, :c], v_cache[n, :, :c] = torch.randn(Hkv, c, D).to(dtype), torch.randn(Hkv, c, D).to(dtype)
+    args = dict(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, cu_seqlens=cu_seqlens_from_lengths(lens),
+                cache_lens=torch.tensor(cached), group_ids=groups, reach=reach)
+    return args, (n_clean, blk, branches)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("new_kv_in_cache", [False, True], ids=["k_given", "k_in_cache"])
+def test_reach_sibling_blocks(backend, dtype, new_kv_in_cache):
+    """``reach``: both paths match the loop oracle, and each sibling block equals that block attended
+    alone over the cache plus the clean tokens up to its branch point (the meaning of the rule)."""
+    args, (n_clean, blk, branches) = reach_case(dtype)
+    ref = packed_attention_reference(**args)
+    k, v, c0 = args["k"], args["v"], int(args["cache_lens"][0])
+    prefix = {name: args[name][0:1].clone() for name in ("k_cache", "v_cache")}  # row 0 before the pass
+    if new_kv_in_cache:
+        cu, c = args["cu_seqlens"].tolist(), args["cache_lens"].tolist()
+        for n in range(2):
+            s, e = cu[n], cu[n + 1]
+            args["k_cache"][n, :, c[n]:c[n] + e - s] = k[s:e].transpose(0, 1)
+            args["v_cache"][n, :, c[n]:c[n] + e - s] = v[s:e].transpose(0, 1)
+        args.update(k=None, v=None)
+    got = run(args)
+    assert_close(got, ref, dtype)
+    # block b alone: its queries over row 0's cache + the clean keys before its branch point, then its own
+    for b, branch in enumerate(branches):
+        s = n_clean + b * blk
+        kc, vc = prefix["k_cache"][:, :, :c0 + branch].clone(), prefix["v_cache"][:, :, :c0 + branch].clone()
+        kc[0, :, c0:], vc[0, :, c0:] = k[:branch].transpose(0, 1), v[:branch].transpose(0, 1)
+        alone = packed_attention_reference(
+            q=args["q"][s:s + blk], k=k[s:s + blk], v=v[s:s + blk], k_cache=kc, v_cache=vc,
+            cu_seqlens=torch.tensor([0, blk]), cache_lens=torch.tensor([c0 + branch]),
+            group_ids=torch.zeros(blk, dtype=torch.int64))
+        assert_close(got[s:s + blk], alone, dtype)
+
+
+def test_reach_above_group_is_rejected(backend):
+    args, _ = reach_case(torch.float32)
+    args["reach"] = args["group_ids"].clone()
+    args["reach"][3] += 1
+    with pytest.raises(ValueError, match="reach must be <= group_ids"):
+        packed_attention(**args)
+
+
 def test_no_cache_and_custom_scale(backend):
     args, ref = make_case([(6, 0, 0, 0), (2, 8, 1, 0)], H=4, Hkv=4, D=32)
     args.update(k_cache=None, v_cache=None)

@@ -201,9 +201,11 @@ def test_reduced_vocab_drafts_argmax_over_its_ids(anchored):
     anchors = [11, 3] if anchored else None
     cache_a, cache_b = small.new_cache(2, 64), full.new_cache(2, 64)
     toks, _ = small.draft(cache_a, [0, 1], clean, anchors, 3)
-    job = full.start(cache_b, [0, 1], clean, anchors, 3)
+    lead = 1 if anchored else 0
+    job = full.start(cache_b, [0, 1], clean, [[drafter_mod.Block(len(c), a)] for c, a in zip(clean, anchors or [None] * 2)],
+                     lead + 3)
     logits = full.model(job.ids, job.layout, cache_b, logits_index=job.index).view(2, job.block.shape[1], -1)
-    ref = ids[logits[..., ids].argmax(-1)][:, job.lead:]
+    ref = ids[logits[..., ids].argmax(-1)][:, lead:]
     assert torch.equal(toks, ref)
     assert torch.isin(toks, ids).all()
     assert cache_a.lengths == [3, 1]  # only the clean tokens stay cached
@@ -317,3 +319,48 @@ def test_drafter_training_under_the_bf16_policy(tmp_path, monkeypatch):
     assert summary["losses_this_run"][-1] < summary["losses_this_run"][0]
     target = d3d.load_model(tcfg.out)
     assert target.dtype == torch.bfloat16 and d3d.load_drafter(cfg.out, target=target).model.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("reduced", [False, True], ids=["full_vocab", "reduced_vocab"])
+def test_sibling_blocks_equal_blocks_drafted_alone(reduced):
+    """One pass drafting several blocks that branch off one clean run at different points (outcome
+    hypotheses) gives each block exactly what drafting it alone after its own prefix gives: tokens,
+    confidences and the top alternatives; only the clean run stays cached."""
+    target = tiny_target(seed=31)
+    drafter = (reduced_drafter(target, torch.arange(0, target.cfg.vocab_size - 1, 2), block_size=4) if reduced
+               else random_drafter(target, 4, seed=32))
+    prefix, run = [[1, 2, 3], [9]], [[4, 5, 6, 7, 8], [10, 11]]
+    blocks = [[drafter_mod.Block(2, 9), drafter_mod.Block(5), drafter_mod.Block(0, 11)], [drafter_mod.Block(1, 12)]]
+
+    def cache_with_prefix():
+        cache = drafter.new_cache(2, 64)
+        drafter.model(torch.tensor(prefix[0] + prefix[1]), cache.layout([3, 1]), cache)
+        return cache
+
+    cache = cache_with_prefix()
+    together = drafter.draft_blocks(cache, [0, 1], run, blocks, 4, top=3)
+    assert cache.lengths == [3 + 5, 1 + 2]
+    m = 0
+    for row, row_blocks in enumerate(blocks):
+        for b in row_blocks:
+            alone_cache = cache_with_prefix()
+            alone = drafter.draft_blocks(alone_cache, [row], [run[row][:b.seen]], [[b]], 4, top=3)
+            assert torch.equal(together.tokens[m], alone.tokens[0])
+            torch.testing.assert_close(together.confidence[m], alone.confidence[0], atol=1e-5, rtol=1e-5)
+            assert torch.equal(together.top_ids[m], alone.top_ids[0])
+            torch.testing.assert_close(together.top_probs[m], alone.top_probs[0], atol=1e-5, rtol=1e-5)
+            m += 1
+    # the top alternatives are the drafter's distribution: the drafted token is the most probable
+    drafted = together.tokens[:, 1:]
+    assert torch.equal(together.top_ids[:, 1:, 0], drafted)
+    torch.testing.assert_close(together.top_probs[:, 1:, 0], together.confidence[:, 1:])
+
+
+def test_branching_blocks_need_one_step_drafting():
+    target = tiny_target(seed=33)
+    drafter = random_drafter(target, 4, seed=34, steps=2)
+    cache = drafter.new_cache(1, 64)
+    with pytest.raises(ValueError, match="branching blocks need denoise_steps=1"):
+        drafter.draft_blocks(cache, [0], [[1, 2, 3]], [[drafter_mod.Block(1, 5), drafter_mod.Block(3)]], 4)
+    with pytest.raises(ValueError, match="Block.seen=4: must lie in"):
+        drafter.draft_blocks(cache, [0], [[1, 2, 3]], [[drafter_mod.Block(4)]], 4)

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-import d3d.engines as engines
+import d3d.overlap as overlap_mod
+import d3d.speculative as speculative
 from d3d.cache import KVCache
 from d3d.config import ModelConfig
-from d3d.drafter import Drafter, DrafterConfig, drafter_model_config
+from d3d.drafter import Block, Drafter, DrafterConfig, Drafts, drafter_model_config
 from d3d.engines import generate as _generate
 from d3d.model import Transformer
 
@@ -57,10 +58,12 @@ class _Lengths:
 
 
 class OracleDrafter:
-    """Drafts from known reference outputs: always right, or always wrong (``wrong=True``)."""
+    """Drafts from known reference outputs: always right, or always wrong (``wrong=True``), or wrong
+    at every position divisible by ``wrong_every`` — there with confidence 0.5 and the right token as
+    its second choice (probability 0.45), as a drafter that is unsure between two tokens."""
 
-    def __init__(self, references, block_size, vocab, wrong=False):
-        self.refs, self.wrong, self.vocab = references, wrong, vocab
+    def __init__(self, references, block_size, vocab, wrong=False, wrong_every=0):
+        self.refs, self.wrong, self.vocab, self.wrong_every = references, wrong, vocab, wrong_every
         self.dcfg = DrafterConfig(block_size=block_size, mask_token_id=0, target_vocab=vocab)
         self.cfg = ModelConfig(vocab_size=vocab, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                num_attention_heads=1, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096)
@@ -71,21 +74,47 @@ class OracleDrafter:
         self.cache = _Lengths(rows)
         return self.cache
 
-    def draft(self, cache, rows, clean, anchors, num_masks, **_):
-        out = []
-        for j, (r, c) in enumerate(zip(rows, clean)):
+    def start(self, cache, rows, clean, blocks, size):
+        return _OracleJob(rows, clean, blocks, size)
+
+    def finish(self, cache, job, logits, top=0, **_):
+        """Each block: the reference tokens from its position on (its lead kept), confidence 1."""
+        tokens, conf, alt = [], [], []
+        for r, c, row_blocks in zip(job.rows, job.clean, job.blocks):
             hist = self.history.setdefault(r, [])
             del hist[cache.lengths[r]:]
             hist.extend(c)
             cache.lengths[r] += len(c)
-            ctx = len(hist) + (1 if anchors is not None else 0)
             ref = self.refs[r]
-            pred = [ref[p] if p < len(ref) else 1 for p in range(ctx, ctx + num_masks)]
-            if self.wrong:
-                pred = [(t + 1) % self.vocab for t in pred]
-            out.append(pred)
-        t = torch.tensor(out)
-        return t, torch.ones(t.shape)
+            for b in row_blocks:
+                first = len(hist) - len(c) + b.seen  # position of the block's first token
+                right = [ref[p] if p < len(ref) else 1 for p in range(first, first + job.size)]
+                unsure = [self.wrong_every and p % self.wrong_every == 0 for p in range(first, first + job.size)]
+                pred = [(t + 1) % self.vocab if self.wrong or u else t for t, u in zip(right, unsure)]
+                conf.append([0.5 if u else 1.0 for u in unsure])
+                alt.append([t if u else (t + 1) % self.vocab for t, u in zip(right, unsure)])
+                if b.lead is not None:
+                    pred[0] = b.lead
+                tokens.append(pred)
+        t, second = torch.tensor(tokens), torch.tensor(alt)
+        if not top:
+            return Drafts(t, torch.tensor(conf))
+        top_ids = torch.stack([t, second] + [(t + 2 + j) % self.vocab for j in range(top - 2)], -1)[..., :top]
+        probs = torch.tensor(conf)
+        top_probs = torch.stack([probs, torch.where(probs < 1, 0.45, 0.0)] + [torch.zeros_like(probs)] * (top - 2),
+                                -1)[..., :top]
+        return Drafts(t, probs, top_ids, top_probs)
+
+    def draft_blocks(self, cache, rows, clean, blocks, size, top=0, **_):
+        return self.finish(cache, self.start(cache, rows, clean, blocks, size), None, top)
+
+
+class _OracleJob:
+    def __init__(self, rows, clean, blocks, size):
+        self.rows, self.clean, self.blocks, self.size = rows, clean, blocks, size
+
+    def forward(self):
+        return None
 
 
 PROMPTS = [[3, 7, 1], [5], [2, 9, 11, 4, 8, 1, 1, 6], [10, 12]]
@@ -191,13 +220,14 @@ def test_successor_threshold_gates_the_successor_pass():
     always = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter)
     seen = []
     generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter, on_round=seen.append)
-    threshold = sorted(r.confidence for r in seen)[len(seen) // 2]  # a gate that must both pass and skip rows
+    total = lambda r: sum(h.score for h in r.hypotheses)  # noqa: E731  (estimated hit probability)
+    threshold = sorted(total(r) for r in seen)[len(seen) // 2]  # a gate that must both pass and skip rows
     rounds = []
     gated = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter,
                      successor_threshold=threshold, on_round=rounds.append)
     drafted = [r.draft_span is not None for r in rounds]
     assert gated.tokens == ref and 0 < sum(drafted) < len(drafted)
-    assert drafted == [r.confidence >= threshold for r in rounds]  # exactly the confident rows get a successor
+    assert drafted == [total(r) >= threshold for r in rounds]  # exactly the promising rows get hypotheses
     assert gated.stats.successor_passes == sum(drafted)
     never = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter,
                      successor_threshold=1.01)
@@ -266,8 +296,8 @@ def test_sampling_follows_the_target_distribution(mode, monkeypatch):
 
     # Negative control: verification that ignores T (accepts a draft iff it is the target's
     # argmax) biases the output; the same test must reject it.
-    real_accept = engines.accept
-    monkeypatch.setattr(engines, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
+    real_accept = speculative.accept
+    monkeypatch.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
     biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
                                    mode=mode, drafter=drafter).tokens)
     stat, dof = chi2(biased[:, 1], p2)
@@ -288,8 +318,9 @@ def test_packed_pass_equals_separate_passes(layers):
         target(torch.tensor([1, 2, 3, 4, 5, 6]), caches[0].layout([4, 2]), caches[0])
         drafter.model(torch.tensor([7, 8, 9]), caches[1].layout([1, 2]), caches[1])
     t_ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12])
-    job = drafter.start(dcache, [0, 1], [[3, 4], [5]], None, 4)
-    job_ref = drafter.start(ref_d, [0, 1], [[3, 4], [5]], None, 4)
+    blocks = [[Block(2), Block(1, 7)], [Block(1)]]  # sibling blocks too (reach through the joint pass)
+    job = drafter.start(dcache, [0, 1], [[3, 4], [5]], blocks, 4)
+    job_ref = drafter.start(ref_d, [0, 1], [[3, 4], [5]], blocks, 4)
     t_logits, d_logits = pair.forward(t_ids, tcache.layout([4, 4]), tcache, job.ids, job.layout, dcache, job.index)
     ref_tl = target(t_ids, ref_t.layout([4, 4]), ref_t)
     ref_dl = drafter.model(job_ref.ids, job_ref.layout, ref_d, logits_index=job_ref.index)
@@ -343,7 +374,7 @@ def test_stream_overlap_reads_nothing_back_before_verification_is_queued(monkeyp
         def join(self):
             events.append("join")
 
-    monkeypatch.setattr(engines, "SideStream", FakeSideStream)
+    monkeypatch.setattr(overlap_mod, "SideStream", FakeSideStream)
 
     def spy(orig):
         def read_back(self, *a, **kw):
@@ -378,3 +409,46 @@ def test_stream_overlap_reads_nothing_back_before_verification_is_queued(monkeyp
     for i in starts:
         launch = events.index("verify", i)
         assert "read-back" not in events[i:launch], events[i:launch]
+
+
+@pytest.mark.parametrize("hypotheses", [2, 4])
+def test_hypotheses_catch_rejections(hypotheses):
+    """A drafter unsure at every 5th position (right token second): hypothesis (a = that position,
+    bonus = its second choice) is drafted beside verification and matches; the output is ar's."""
+    target = tiny_target(seed=23)
+    block = 7
+    longer = reference(target, PROMPTS, 40 + 2 * block)
+    oracle = OracleDrafter([p + r for p, r in zip(PROMPTS, longer)], block, V, wrong_every=5)
+    rounds = []
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="async", drafter=oracle, block_size=block,
+                   hypotheses=hypotheses, fanout=1, on_round=rounds.append)
+    assert out.tokens == reference(target, PROMPTS, 40)
+    s = out.stats
+    early = sum(s.hits_by_accept[:block - 1])  # hits of outcomes with a rejected draft
+    assert early > 0 and s.successor_hits >= 0.6 * s.rounds
+    assert s.hypotheses == sum(len(r.hypotheses) for r in rounds if r.draft_span is not None)
+    for r in rounds:  # a hit is the hypothesis with the outcome's (accepted, bonus)
+        if r.hit is not None:
+            h = r.hypotheses[r.hit]
+            assert h.accepted == r.accepted and h.bonus in (None, r.bonus)
+    used = sum(r.successor_used for r in rounds)  # a hit is the next round's draft (unless the sequence ended)
+    assert s.successor_hits - len(PROMPTS) <= used <= s.successor_hits
+
+
+def test_async_rounds_equal_sync_rounds():
+    """With branching hypotheses (K=8, F=3) async drafts exactly what sync drafts, round by round: a
+    hypothesis block sees the same tokens at the same positions as the synchronous draft it saves."""
+    target = tiny_target(seed=25)
+    drafter = random_drafter(target, 4, seed=26)
+    sync_rounds, async_rounds = [], []
+    ref = reference(target, PROMPTS, 60)
+    sync = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], mode="sync", drafter=drafter,
+                    on_round=sync_rounds.append)
+    out = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], mode="async", drafter=drafter, hypotheses=8,
+                   fanout=3, on_round=async_rounds.append)
+    assert sync.tokens == out.tokens == ref
+    key = lambda r: (r.seq, r.draft, r.accepted, r.bonus)  # noqa: E731
+    assert sorted(map(key, sync_rounds)) == sorted(map(key, async_rounds))
+    s = out.stats
+    assert sum(s.hits_by_accept[:3]) > 0  # some hits came from outcomes with a rejected draft
+    assert sum(r.successor_used for r in async_rounds) > 0

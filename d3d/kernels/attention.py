@@ -21,6 +21,15 @@ and query i (0 <= i < L) of sequence n sees every cached key plus the new keys j
     block-causal  0, 1, .., c-1, c, c, c, c+1, c+1, c+1, ...
                   a causal run of clean tokens, then bidirectional blocks
 
+With ``reach`` given ([T], ``reach[i] <= group_ids[i]``) the rule becomes: query i sees new key j
+iff ``group_ids[j] == group_ids[i]`` (its own group) or ``group_ids[j] < reach[i]`` (the earlier
+groups below its reach). ``reach = group_ids`` is the rule above. It lets sibling blocks branch
+off one causal run at different points and ignore each other (the outcome hypotheses of async
+drafting, ``d3d.drafter``):
+
+    groups  0 1 2 3 4  5 5 5  6 6 6        clean run d0..d4, then two blocks
+    reach   0 1 2 3 4  2 2 2  5 5 5        block 5 sees d0, d1 (a branch after d1), block 6 d0..d4
+
 Query head h reads kv head ``h // (H // Hkv)`` (GQA). With S_i the visible keys of query i,
 
     out[i, h] = sum_{j in S_i} softmax_j(scale * q[i, h] . K[j, h]) V[j, h]
@@ -127,7 +136,8 @@ def bd3_training_mask(L: int, block_size: int, *, device=None) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out, triton_path=False):
+def _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out, triton_path=False,
+                reach=None):
     """Shape / dtype / device checks; no device sync. Returns (N, Hkv)."""
 
     def fail(msg):
@@ -192,6 +202,8 @@ def _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, ca
     N = cu_seqlens.shape[0] - 1
     index_vector("cache_lens", cache_lens, N)
     index_vector("group_ids", group_ids, T)
+    if reach is not None:
+        index_vector("reach", reach, T)
     if cache_rows is not None:
         index_vector("cache_rows", cache_rows, N)
     if out is not None:
@@ -239,8 +251,11 @@ def _check_values(q, k, k_cache, cu, cached, rows, max_seqlen):
         fail(f"cache_rows must lie in [0, R={R})")
 
 
-def _check_groups(group_ids, cu):
-    """group_ids non-decreasing inside every sequence (a step down is fine where one starts)."""
+def _check_groups(group_ids, cu, reach=None):
+    """group_ids non-decreasing inside every sequence (a step down is fine where one starts);
+    reach (if given) at most the group (the kernel bounds each tile's keys by its largest group)."""
+    if reach is not None and bool((reach > group_ids).any()):
+        raise ValueError("packed_attention: reach must be <= group_ids at every token")
     T = group_ids.shape[0]
     if T < 2:
         return
@@ -276,12 +291,13 @@ class SeqPlan:
 
 
 def torch_plan(cu: list[int], cached: list[int], rows, group_ids: torch.Tensor,
-               row_invariant: bool = False) -> list[SeqPlan]:
+               row_invariant: bool = False, reach: torch.Tensor | None = None) -> list[SeqPlan]:
     """Per-sequence SDPA arguments, built once per pass and reused by every layer.
 
     Per sequence the cheapest SDPA form: no mask for a single new token, ``is_causal`` for a
     causal layout with an empty cache, and otherwise a boolean mask ``[L, c+L]`` (cached columns
-    all True, new columns ``g[None, :] <= g[:, None]``).
+    all True, new columns ``g[None, :] <= g[:, None]``, or with ``reach`` r: ``g[None, :] == g[:, None]
+    | g[None, :] < r[:, None]``).
 
     ``row_invariant``: a causal run after a non-empty cache (a verification pass) is planned as L
     one-query calls, query i over keys 0..c+i: exactly the call a one-token decoding step makes.
@@ -294,7 +310,11 @@ def torch_plan(cu: list[int], cached: list[int], rows, group_ids: torch.Tensor,
         if L == 0:
             continue
         mask, causal = None, False
-        if L > 1:
+        if L > 1 and reach is not None:
+            g, r = group_ids[s:e], reach[s:e]
+            mask = torch.ones(L, c + L, dtype=torch.bool, device=group_ids.device)
+            mask[:, c:] = (g[None, :] == g[:, None]) | (g[None, :] < r[:, None])
+        elif L > 1:
             g = group_ids[s:e]
             step = int((g[1:] - g[:-1]).min())  # also the group check: one op per sequence
             if step < 0:
@@ -345,15 +365,17 @@ def _attend_one(q, k, v, k_cache, v_cache, p: SeqPlan, scale: float, gqa: bool) 
 
 def packed_attention_torch(
     q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids,
-    cache_rows=None, scale=None, max_seqlen=None, out=None,
+    cache_rows=None, scale=None, max_seqlen=None, out=None, reach=None,
 ) -> torch.Tensor:
     """Packed attention with one ``scaled_dot_product_attention`` call per sequence (``torch_plan``
     + ``attend_torch`` after the input checks). Lengths are read on the host (free on CPU)."""
-    N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out)
+    N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out, reach=reach)
     cu, cached = cu_seqlens.tolist(), cache_lens.tolist()
     rows = cache_rows.tolist() if cache_rows is not None else None
     _check_values(q, k, k_cache, cu, cached, rows, max_seqlen)
-    plan = torch_plan(cu, cached, rows if rows is not None else range(N), group_ids)
+    if reach is not None:
+        _check_groups(group_ids, cu, reach)
+    plan = torch_plan(cu, cached, rows if rows is not None else range(N), group_ids, reach=reach)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if out is None:
         out = torch.empty_like(q)
@@ -386,7 +408,7 @@ def _softmax_tile(acc, m_i, l_i, q, kT, v, visible, qk_scale, DOT_PRECISION: tl.
 @triton.jit
 def _packed_attention_kernel(
     Q, K, V, KC, VC, O,
-    CU, CACHE_LENS, GROUPS, ROWS,
+    CU, CACHE_LENS, GROUPS, REACH, ROWS,
     qk_scale, tiles_per_seq, search_steps,
     stride_qt, stride_qh, stride_qd,
     stride_kt, stride_kh, stride_kd,
@@ -401,6 +423,7 @@ def _packed_attention_kernel(
     HAS_CACHE: tl.constexpr,       # False: k_cache is None, cache lengths are all 0
     NEW_KV_IN_CACHE: tl.constexpr, # True: k is None, new keys sit at k_cache[row, :, c:c+L]
     HAS_ROWS: tl.constexpr,        # False: sequence n reads cache row n
+    HAS_REACH: tl.constexpr,       # True: a new key is visible in its own group or below the query's reach
     UPCAST: tl.constexpr,          # interpreter: compute on fp32 copies of every load
     DOT_PRECISION: tl.constexpr,
 ):
@@ -427,6 +450,8 @@ def _packed_attention_kernel(
     # padded query rows take the group of the tile's last query, so they stay well defined
     q_last = tl.minimum(m0 + BLOCK_M, L) - 1
     q_groups = tl.load(GROUPS + start + tl.minimum(offs_m, q_last))
+    if HAS_REACH:
+        q_reach = tl.load(REACH + start + tl.minimum(offs_m, q_last))
     g_max = tl.load(GROUPS + start + q_last)
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -485,7 +510,11 @@ def _packed_attention_kernel(
             kT = kT.to(tl.float32)
             v = v.to(tl.float32)
         k_groups = tl.load(GROUPS + start + j0 + offs_n, mask=k_in, other=0)
-        visible = (k_groups[None, :] <= q_groups[:, None]) & k_in[None, :]
+        if HAS_REACH:
+            visible = (k_groups[None, :] == q_groups[:, None]) | (k_groups[None, :] < q_reach[:, None])
+        else:
+            visible = k_groups[None, :] <= q_groups[:, None]
+        visible = visible & k_in[None, :]
         acc, m_i, l_i = _softmax_tile(acc, m_i, l_i, q, kT, v, visible, qk_scale, DOT_PRECISION)
 
     o = acc / l_i[:, None]  # every query sees itself: l_i > 0
@@ -518,7 +547,7 @@ def _tile_config(head_dim: int, max_seqlen: int, dtype: torch.dtype) -> tuple[in
 
 def packed_attention_triton(
     q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids,
-    cache_rows=None, scale=None, max_seqlen=None, out=None,
+    cache_rows=None, scale=None, max_seqlen=None, out=None, reach=None,
     *, block_m: int | None = None, block_n: int | None = None,
 ) -> torch.Tensor:
     """Packed attention in one Triton launch over grid (N * cdiv(max_seqlen, BLOCK_M), H).
@@ -528,12 +557,12 @@ def packed_attention_triton(
     one sync. ``block_m``/``block_n`` override the tile sizes (tests, studies).
     """
     N, Hkv = _check_args(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows, out,
-                         triton_path=True)
+                         triton_path=True, reach=reach)
     if not q.is_cuda or _debug_checks():
         cu = cu_seqlens.tolist()
         rows = cache_rows.tolist() if cache_rows is not None else None
         _check_values(q, k, k_cache, cu, cache_lens.tolist(), rows, max_seqlen)
-        _check_groups(group_ids, cu)
+        _check_groups(group_ids, cu, reach)
     T, H, D = q.shape
     out = torch.empty_like(q) if out is None else out
     if T == 0 or N == 0:
@@ -560,7 +589,7 @@ def packed_attention_triton(
     grid = (N * tiles_per_seq, H)
     _packed_attention_kernel[grid](
         q, kn, vn, kc, vc, out,
-        cu_seqlens, cache_lens, group_ids, rows,
+        cu_seqlens, cache_lens, group_ids, reach if reach is not None else group_ids, rows,
         scale * _LOG2E, tiles_per_seq, search_steps,
         *q.stride(), *kn.stride(), *vn.stride(), *kc.stride(), *vc.stride(), *out.stride(),
         GQA_RATIO=H // Hkv,
@@ -570,6 +599,7 @@ def packed_attention_triton(
         HAS_CACHE=has_cache,
         NEW_KV_IN_CACHE=k is None,
         HAS_ROWS=cache_rows is not None,
+        HAS_REACH=reach is not None,
         UPCAST=interpreting(),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
@@ -596,6 +626,7 @@ def packed_attention(
     scale: float | None = None,
     max_seqlen: int | None = None,
     out: torch.Tensor | None = None,
+    reach: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of packed new tokens to their cached and new keys (see the module docstring).
 
@@ -611,10 +642,12 @@ def packed_attention(
         scale: softmax scale, default 1/sqrt(D).
         max_seqlen: host-side bound on new tokens per sequence; saves the Triton path a sync.
         out: optional [T, H, D] output buffer (dtype and device of q).
+        reach: optional int [T], ``reach[i] <= group_ids[i]``: query i then sees the new keys of its
+            own group and of groups below ``reach[i]`` (sibling blocks; see the module docstring).
 
     Returns:
         [T, H, D] in q.dtype (``out`` if given).
     """
     fn = packed_attention_triton if use_triton(q) else packed_attention_torch
     return fn(q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids,
-              cache_rows=cache_rows, scale=scale, max_seqlen=max_seqlen, out=out)
+              cache_rows=cache_rows, scale=scale, max_seqlen=max_seqlen, out=out, reach=reach)

@@ -14,13 +14,14 @@ __all__ = ["packed_attention_reference", "bd3_training_mask_reference"]
 
 
 def packed_attention_reference(
-    q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows=None, scale=None
+    q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows=None, scale=None, reach=None
 ) -> torch.Tensor:
     """Packed block-causal attention (DESIGN.md §4), per sequence with an explicit mask, in float64.
 
     Same arguments as ``d3d.kernels.attention.packed_attention``; returns float64 [T, H, D].
     For query i of sequence n the visible keys are every cached key of its cache row and the
-    new keys j of the same sequence with ``group_ids[j] <= group_ids[i]``.
+    new keys j of the same sequence with ``group_ids[j] <= group_ids[i]``; with ``reach``, those with
+    ``group_ids[j] == group_ids[i]`` or ``group_ids[j] < reach[i]``.
     """
     T, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -28,6 +29,7 @@ def packed_attention_reference(
     N = len(cu) - 1
     rows = list(range(N)) if cache_rows is None else [int(x) for x in cache_rows]
     groups = [int(x) for x in group_ids]
+    reaches = groups if reach is None else [int(x) for x in reach]
     out = torch.zeros(T, H, D, dtype=torch.float64, device="cpu")  # the oracle runs on the CPU
 
     for n in range(N):
@@ -51,8 +53,10 @@ def packed_attention_reference(
         values = values.double().cpu().repeat_interleave(repeat, dim=0)
 
         # the visibility mask, entry by entry: [L, c + L]
-        visible = [[True] * c + [groups[start + j] <= groups[start + i] for j in range(L)]
-                   for i in range(L)]
+        def sees(i, j):  # query i, new key j (indices into the packed tokens)
+            return groups[j] == groups[i] or groups[j] < reaches[i]
+
+        visible = [[True] * c + [sees(start + i, start + j) for j in range(L)] for i in range(L)]
         visible = torch.tensor(visible, device="cpu")
         query = q[start:end].double().cpu().transpose(0, 1)  # [H, L, D]
         scores = torch.einsum("hld,hsd->hls", query, keys) * scale

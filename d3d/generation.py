@@ -1,0 +1,153 @@
+"""What every decoding engine shares: statistics, output buffers with stop handling and streaming,
+the clock, and the prefill."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from .cache import KVCache
+from .model import Transformer
+from .sampling import sample_next
+
+StreamFn = Callable[[int, list[int]], None]  # (sequence index, newly committed token ids)
+
+
+@dataclass
+class GenerationStats:
+    mode: str
+    batch_size: int
+    num_prompt_tokens: list[int]
+    num_generated: list[int]
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    target_forwards: int = 0
+    stopped: list[bool] = field(default_factory=list)  # ended on a stop token (else: max_new_tokens)
+    # speculative engines only
+    block_size: int = 0
+    rounds: int = 0  # verification rounds, summed over sequences
+    accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = rounds that accepted a drafts
+    drafter_forwards: int = 0
+    successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
+    hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences
+    fallbacks: int = 0  # async: rounds with hypotheses none of which matched the outcome (drafted synchronously)
+    successor_hits: int = 0  # async: rounds whose outcome matched a hypothesis (the next draft was ready)
+    hits_by_accept: list[int] = field(default_factory=list)  # async: hits_by_accept[a] = hits in rounds accepting a
+    draft_seconds: float = 0.0  # synchronous drafting (on the critical path)
+    hidden_draft_seconds: float = 0.0  # async: the hypotheses passes (beside or after verification)
+    exposed_draft_seconds: float = 0.0  # async: the part of the hypotheses passes not hidden behind verification
+    verify_seconds: float = 0.0
+
+    @property
+    def total_generated(self) -> int:
+        return sum(self.num_generated)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted drafts + 1)."""
+        return sum((a + 1) * c for a, c in enumerate(self.accept_hist)) / self.rounds if self.rounds else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """async: share of rounds whose outcome one of the hypotheses had drafted."""
+        return self.successor_hits / self.rounds if self.rounds else 0.0
+
+    @property
+    def hit_rate_by_accept(self) -> list[float | None]:
+        """async: per accept length a, the share of rounds accepting a that hit (None: no such round)."""
+        return [h / n if n else None for h, n in zip(self.hits_by_accept, self.accept_hist)]
+
+    @property
+    def critical_draft_seconds(self) -> float:
+        """Drafting the decoding had to wait for: synchronous drafts + exposed hypotheses passes."""
+        return self.draft_seconds + self.exposed_draft_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of decoding (prefill excluded; the first token comes from prefill)."""
+        t = self.prefill_seconds + self.decode_seconds
+        return self.total_generated / t if t > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("tokens_per_second", "total_generated", "tau", "hit_rate", "hit_rate_by_accept",
+                     "critical_draft_seconds"):
+            d[name] = getattr(self, name)
+        return d
+
+
+@dataclass
+class GenerationOutput:
+    tokens: list[list[int]]  # generated ids per prompt (a stop token, when hit, is the last one)
+    stats: GenerationStats
+
+
+class Output:
+    """Per-sequence output buffers, stop handling and streaming."""
+
+    def __init__(self, n: int, max_new: int, stop_ids: set[int], stream: StreamFn | None):
+        self.tokens = [[] for _ in range(n)]
+        self.done = [False] * n
+        self.stopped = [False] * n
+        self.max_new, self.stop_ids, self.stream = max_new, stop_ids, stream
+
+    def commit(self, i: int, new: list[int]) -> list[int]:
+        """Append ``new`` to sequence i, cut at the first stop token or at max_new_tokens."""
+        room = self.max_new - len(self.tokens[i])
+        new = new[:room]
+        for j, t in enumerate(new):
+            if t in self.stop_ids:
+                new = new[: j + 1]
+                self.stopped[i] = True
+                break
+        self.tokens[i].extend(new)
+        if self.stopped[i] or len(self.tokens[i]) >= self.max_new:
+            self.done[i] = True
+        if self.stream and new:
+            self.stream(i, new)
+        return new
+
+    def active(self) -> list[int]:
+        return [i for i, d in enumerate(self.done) if not d]
+
+    def finish(self, stats: GenerationStats, decode_seconds: float) -> GenerationOutput:
+        stats.decode_seconds = decode_seconds
+        stats.num_generated = [len(t) for t in self.tokens]
+        stats.stopped = self.stopped
+        return GenerationOutput(self.tokens, stats)
+
+
+class Clock:
+    """Seconds since the generation started (spans in ``RoundInfo`` and the stats)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def timed(self, fn):
+        """``(fn(), (start, end))``."""
+        start = self.now()
+        result = fn()
+        return result, (start, self.now())
+
+
+def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, temperature: float,
+            gen: torch.Generator | None, hidden_layers: tuple[int, ...] = (), top_k: int | None = None,
+            top_p: float | None = None):
+    """One target pass over every prompt (its K/V cached); returns the first generated token of each
+    sequence, and with ``hidden_layers`` also those layers' hidden states of every prompt token."""
+    layout = cache.layout([len(p) for p in prompts])
+    ids = torch.tensor([t for p in prompts for t in p], device=target.device)
+    if hidden_layers:
+        logits, hidden = target(ids, layout, cache, hidden_layers=hidden_layers)
+        return sample_next(logits[layout.last_token_index()], temperature, generator=gen).tolist(), hidden
+    logits = target(ids, layout, cache, logits_index=layout.last_token_index())
+    return sample_next(logits, temperature, top_k, top_p, gen).tolist(), None
+
+
+__all__ = ["GenerationStats", "GenerationOutput", "Output", "Clock", "prefill", "StreamFn"]

@@ -1,0 +1,306 @@
+"""Speculative decoding: sync and async D3D, and the DFlash baseline, on one verification round.
+
+A D3D round, for every active sequence:
+
+    1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
+                  outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)]
+    2 verify      one target pass over [anchor, d_1..d_(B-1)]; ``accept`` gives (a, bonus)
+    3 hypotheses  async only, beside 2 (``d3d.overlap``): one drafter pass that appends the drafts
+                  to the drafter's cache and drafts a successor block for each of the K likeliest
+                  outcomes (``d3d.hypotheses``), every block branching off the drafts at its own a
+    4 commit      d_1..d_a + bonus; the caches roll back to the committed tokens; the hypothesis
+                  matching (a, bonus), if any, is the next round's draft: no drafting on its
+                  critical path
+
+``sync`` is steps 1, 2, 4. DFlash (``generate_dflash``) drafts from the target's hidden states, so
+it cannot draft before verification ends: steps 1, 2, 4 with its own drafter.
+
+Invariants, per sequence: ``committed`` = prompt + output; the last committed token is the
+*anchor*; the target cache holds every committed token but the anchor; the drafter cache holds a
+prefix of the committed tokens (only clean tokens are ever kept).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from .drafter import Block
+from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
+from .hypotheses import Hypothesis, matching, outcome_hypotheses
+from .kernels.accept import accept
+from .model import Transformer
+from .overlap import Verification, closing, make_overlap
+
+if TYPE_CHECKING:
+    from .drafter import Drafter, Drafts
+
+
+@dataclass
+class RoundInfo:
+    """What happened to one sequence in one verification round (for --explain and tests)."""
+
+    round: int
+    seq: int
+    draft: list[int]
+    accepted: int
+    bonus: int
+    committed: list[int]
+    successor_used: bool  # async: this round's draft came from the previous round's hypotheses
+    fallback: bool  # async: hypotheses were drafted this round and none matched the outcome
+    sync_draft_seconds: float
+    verify_span: tuple[float, float]  # (start, end) seconds since generation start
+    draft_span: tuple[float, float] | None  # async: the hypotheses pass (None: none drafted)
+    confidence: float  # drafter's product of confidences over this draft
+    hypotheses: list[Hypothesis] = field(default_factory=list)  # async: the likeliest outcomes (drafted if draft_span)
+    hit: int | None = None  # async: index of the hypothesis that matched the outcome
+
+
+@dataclass
+class Draft:
+    """One sequence's draft for a round, on the host: tokens d_1..d_n, the drafter's probability of
+    each, and its most probable tokens per position (what hypotheses are built from)."""
+
+    tokens: list[int]
+    confidence: list[float]
+    top_ids: list[list[int]]
+    top_probs: list[list[float]]
+    guess: int | None = None  # the block's first token (the bonus it assumed)
+
+    @property
+    def certainty(self) -> float:
+        p = 1.0
+        for c in self.confidence:
+            p *= c
+        return p
+
+
+def host_drafts(d: "Drafts") -> list[Draft]:
+    """Blocks ``[lead, d_1..d_n]`` of a drafting call as host ``Draft``s (one read-back)."""
+    tokens, conf = d.tokens.tolist(), d.confidence.tolist()
+    tops = (d.top_ids.tolist(), d.top_probs.tolist()) if d.top_ids is not None else None
+    return [Draft(t[1:], c[1:], tops[0][m][1:] if tops else [], tops[1][m][1:] if tops else [], t[0])
+            for m, (t, c) in enumerate(zip(tokens, conf))]
+
+
+class Sequences:
+    """The committed tokens, output and target cache of every sequence, and the verification step
+    every speculative engine shares (build the pass, accept, commit)."""
+
+    def __init__(self, target: Transformer, prompts: list[list[int]], block_size: int, out: Output,
+                 stats: GenerationStats, tcache, temperature: float, seed: int):
+        self.target, self.B, self.out, self.stats, self.tcache = target, block_size, out, stats, tcache
+        self.committed = [list(p) for p in prompts]
+        self.temperature, self.seed = temperature, seed
+
+    def begin(self, first: list[int]) -> None:
+        for i, t in enumerate(first):
+            self.committed[i].append(t)
+            self.out.commit(i, [t])
+
+    def verification(self, rows: list[int], drafts: torch.Tensor, exact: bool = False) -> Verification:
+        """The target pass over ``[anchor, drafts]`` of every row (``drafts`` [N, B-1] on the device)."""
+        anchors = torch.tensor([[self.committed[i][-1]] for i in rows], device=self.target.device)
+        layout = self.tcache.layout([self.B] * len(rows), rows, row_invariant=exact)
+        return Verification(self.target, torch.cat([anchors, drafts], 1).flatten(), layout, self.tcache)
+
+    def judge(self, logits: torch.Tensor, drafts: torch.Tensor, rnd: int):
+        return accept(drafts, logits.view(drafts.shape[0], self.B, -1), temperature=self.temperature,
+                      seed=self.seed * 1_000_003 + rnd)
+
+    def commit(self, i: int, draft: list[int], a: int, bonus: int) -> list[int]:
+        """Commit the accepted drafts and the bonus of sequence i; the target cache keeps the accepted."""
+        new = draft[:a] + [bonus]
+        self.stats.rounds += 1
+        self.stats.accept_hist[a] += 1
+        self.tcache.crop(i, len(self.committed[i]) + a)  # anchor + accepted drafts join the cached prefix
+        self.committed[i].extend(new)
+        self.out.commit(i, new)
+        return new
+
+
+@torch.inference_mode()
+def generate_speculative(
+    target: Transformer,
+    drafter: "Drafter",
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    mode: str = "sync",
+    block_size: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_ids: set[int] = frozenset(),
+    stream: StreamFn | None = None,
+    on_round: Callable[[RoundInfo], None] | None = None,
+    overlap: str = "none",
+    successor_threshold: float = 0.0,
+    exact: bool = False,
+    hypotheses: int = 1,
+    fanout: int = 1,
+) -> GenerationOutput:
+    """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
+
+    ``hypotheses`` (K) / ``fanout`` (F): async drafts successor blocks for the K likeliest outcomes,
+    considering F bonus candidates per accept length (``d3d.hypotheses``). A drafter with
+    ``denoise_steps > 1`` drafts only the all-accepted hypothesis (its later steps re-run whole blocks).
+    ``successor_threshold``: a row gets hypotheses only if the drafter's estimate of their total
+    probability (the chance one of them hits) is at least this: where compute is saturated (a CPU)
+    unlikely hits cost real time; on an idle GPU stream 0 is right.
+    ``overlap``: how the hypotheses pass runs beside verification (``d3d.overlap``).
+    ``exact``: verification attends one query row at a time, as AR steps do, so that greedy output
+    equals AR bit for bit in low precision too (``KVCache.layout(row_invariant=)``).
+    """
+    B = block_size or drafter.block_size
+    n, dev, use_hyps = len(prompts), target.device, mode == "async"
+    K = hypotheses if drafter.dcfg.denoise_steps == 1 else 1
+    top = fanout + 1 if use_hyps else 0
+    stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
+                            hits_by_accept=[0] * B)
+    out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
+    gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
+    ov = make_overlap(overlap if use_hyps else "none", clock, target, drafter)
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1, longest + (K + 2) * B + 2)
+    seqs = Sequences(target, prompts, B, out, stats, tcache, temperature, seed)
+    seqs.begin(prefill(target, prompts, tcache, temperature, gen)[0])
+    stats.target_forwards += 1
+    stats.prefill_seconds = clock.now()
+    committed = seqs.committed
+    ready: list[Draft | None] = [None] * n  # a matched hypothesis: the next round's draft
+
+    def draft_now(rows):  # 1: one drafter pass for the rows without a ready draft
+        d = drafter.draft_blocks(dcache, rows, [committed[i][dcache.lengths[i]:-1] for i in rows],
+                                 [[Block(len(committed[i]) - 1 - dcache.lengths[i], committed[i][-1])] for i in rows],
+                                 B, top=top)
+        stats.drafter_forwards += drafter.dcfg.denoise_steps
+        return host_drafts(d)
+
+    def likeliest_outcomes(draft: Draft) -> list[Hypothesis]:  # 3: which successors to draft
+        if not use_hyps:
+            return []
+        if drafter.dcfg.denoise_steps > 1:
+            hyps = [Hypothesis(B - 1, None, draft.certainty)]
+        else:
+            hyps = outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, K, fanout)
+        return hyps
+
+    def start_hypotheses(rows, drafts, hyps):  # 3: the clean run is the committed tail + the drafts
+        rows = [i for i in rows if hyps[i] and sum(h.score for h in hyps[i]) >= successor_threshold]
+        if not rows:
+            return None, rows
+        clean = [committed[i][dcache.lengths[i]:] + drafts[i].tokens for i in rows]
+        base = [len(committed[i]) - dcache.lengths[i] for i in rows]  # clean tokens before d_1
+        blocks = [[Block(b + h.accepted, h.bonus) for h in hyps[i]] for i, b in zip(rows, base)]
+        return drafter.start(dcache, rows, clean, blocks, B), rows
+
+    with closing(ov):
+        rnd = 0
+        while rows := out.active():
+            need = [i for i in rows if ready[i] is None]
+            sync_seconds = 0.0
+            if need:
+                fresh, (t0, t1) = clock.timed(lambda: draft_now(need))
+                for i, d in zip(need, fresh):
+                    ready[i] = d
+                sync_seconds = t1 - t0
+                stats.draft_seconds += sync_seconds
+            drafts = {i: ready[i] for i in rows}
+            hyps = {i: likeliest_outcomes(drafts[i]) for i in rows}
+            job, hyp_rows = start_hypotheses(rows, drafts, hyps)
+            draft_t = torch.tensor([drafts[i].tokens for i in rows], device=dev)
+
+            t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact), job)
+            result = seqs.judge(t_logits, draft_t, rnd)
+            successors = host_drafts(drafter.finish(dcache, job, d_logits, top=top)) if job else []
+            stats.target_forwards += 1
+            stats.verify_seconds += v_span[1] - v_span[0]
+            if job is not None:
+                stats.drafter_forwards += 1
+                stats.successor_passes += len(hyp_rows)
+                stats.hypotheses += len(successors)
+                stats.hidden_draft_seconds += d_span[1] - d_span[0]
+                stats.exposed_draft_seconds += max(0.0, d_span[1] - max(d_span[0], v_span[1]))
+
+            accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
+            per_row = iter(successors)
+            for j, i in enumerate(rows):
+                a, d = accepted[j], drafts[i]
+                mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
+                hit = None
+                if mine:
+                    dcache.crop(i, len(committed[i]) + a)  # keeps the anchor and the accepted drafts
+                    hit = matching(hyps[i], [s.guess for s in mine], a, bonus[j])
+                    stats.successor_hits += hit is not None
+                    stats.hits_by_accept[a] += hit is not None
+                    stats.fallbacks += hit is None
+                new = seqs.commit(i, d.tokens, a, bonus[j])
+                if on_round:
+                    on_round(RoundInfo(rnd, i, list(d.tokens), a, bonus[j], new, i not in need,
+                                       bool(mine) and hit is None, sync_seconds if i in need else 0.0, v_span,
+                                       d_span if mine else None, d.certainty, hyps[i], hit))
+                ready[i] = mine[hit] if hit is not None else None
+            rnd += 1
+    return out.finish(stats, clock.now() - stats.prefill_seconds)
+
+
+@torch.inference_mode()
+def generate_dflash(
+    target: Transformer,
+    drafter,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    block_size: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_ids: set[int] = frozenset(),
+    stream: StreamFn | None = None,
+    on_round: Callable[[RoundInfo], None] | None = None,
+) -> GenerationOutput:
+    """The DFlash baseline: a synchronous loop whose drafter reads the target's hidden states.
+
+    Every target pass (prefill, verification) also returns the hidden states of the drafter's
+    ``target_layer_ids``; those of the newly committed tokens (all but the anchor, whose hidden
+    state the next verification computes) become the drafter's context.
+    """
+    B = block_size or drafter.block_size
+    n, dev = len(prompts), target.device
+    stats = GenerationStats("dflash", n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B)
+    out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    tcache, ccache = target.new_cache(n, longest + B + 1), drafter.new_cache(n, longest + B + 1)
+    gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
+    layers = drafter.hidden_layers
+    seqs = Sequences(target, prompts, B, out, stats, tcache, temperature, seed)
+    first, hidden = prefill(target, prompts, tcache, temperature, gen, hidden_layers=layers)
+    drafter.append_context(ccache, list(range(n)), hidden, [len(p) for p in prompts])
+    seqs.begin(first)
+    stats.target_forwards += 1
+    stats.prefill_seconds = clock.now()
+
+    rnd = 0
+    while rows := out.active():
+        drafts, (t0, t1) = clock.timed(lambda: drafter.draft(ccache, rows, [seqs.committed[i][-1] for i in rows], B - 1))
+        stats.drafter_forwards += 1
+        stats.draft_seconds += t1 - t0
+        v = seqs.verification(rows, drafts)
+        (logits, hidden), v_span = clock.timed(lambda: target(v.ids, v.layout, v.cache, hidden_layers=layers))
+        result = seqs.judge(logits, drafts, rnd)
+        accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
+        stats.target_forwards += 1
+        stats.verify_seconds += v_span[1] - v_span[0]
+        # context grows by the anchor + accepted drafts of each row
+        keep = torch.cat([torch.arange(j * B, j * B + a + 1, device=dev) for j, a in enumerate(accepted)])
+        drafter.append_context(ccache, rows, [h.index_select(0, keep) for h in hidden], [a + 1 for a in accepted])
+        draft_list = drafts.tolist()
+        for j, i in enumerate(rows):
+            new = seqs.commit(i, draft_list[j], accepted[j], bonus[j])
+            if on_round:
+                on_round(RoundInfo(rnd, i, draft_list[j], accepted[j], bonus[j], new, False, False, t1 - t0,
+                                   v_span, None, 0.0))
+        rnd += 1
+    return out.finish(stats, clock.now() - stats.prefill_seconds)
+
+
+__all__ = ["generate_speculative", "generate_dflash", "RoundInfo", "Sequences", "Draft", "host_drafts"]
