@@ -8,7 +8,8 @@ reason, probe timings)), ``config`` (the command-line arguments), ``results``.
 speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s, speedup_vs_ar}
     (since issue 14 also speedup_vs_fastest_ar: over the faster of ``ar`` in the policy's dtype and
     ``ar-fp32``, and identical_to_ar: prompts whose output equals ar's) and for speculative modes also {tau, rounds, accept_hist, hit_rate, fallback_rate,
-    draft_seconds, hidden_draft_seconds, verify_seconds}; plus ``missing_sets`` {set: reason},
+    draft_seconds, hidden_draft_seconds, verify_seconds, and since issue 15 critical_draft_seconds,
+    hypotheses_per_round; async modes also hit_rate_by_accept, hypothesis_pass_rate}; plus ``missing_sets`` {set: reason},
     ``target``, ``drafter``, ``target_parameters``, ``drafter_parameters``.
 decode: ``results`` = [{model, parameters, weight_bytes_per_token, d3d: {tok_s_median, seconds},
     d3d_gb_s, transformers?: {...}, speedup_vs_transformers?}], ``copy_bandwidth_gb_s``.
@@ -35,7 +36,8 @@ NUM = (int, float)
 MACHINE = {"cpu": str, "cores": int, "torch": str, "python": str, "platform": str, "torch_threads": int}
 SPEC_ROW = {"tok_s": NUM, "tokens": int, "seconds": NUM, "per_prompt_tok_s": list, "speedup_vs_ar": NUM}
 SPEC_EXTRA = {"tau": NUM, "rounds": int, "accept_hist": list, "hit_rate": NUM, "fallback_rate": NUM,
-              "draft_seconds": NUM, "hidden_draft_seconds": NUM, "verify_seconds": NUM}
+              "draft_seconds": NUM, "hidden_draft_seconds": NUM, "verify_seconds": NUM,
+              "critical_draft_seconds": NUM, "hypotheses_per_round": NUM}
 DECODE_ROW = {"model": str, "parameters": int, "weight_bytes_per_token": int, "d3d": dict, "d3d_gb_s": NUM}
 ATTENTION_ROW = {"case": str, "method": str, "tokens": int, "ms": NUM, "ms_min": NUM, "ms_max": NUM, "tflops": NUM,
                  "of_matmul_peak": NUM}

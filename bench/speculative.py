@@ -6,11 +6,16 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, sync, dflash (the DFlash baseline drafter), async (default overlap for the device),
-async:thread, async:packed, async:none
-(async bookkeeping without concurrency: what the overlap buys); a suffix @X sets the successor
-threshold (async drafts a successor only when the drafter's confidence product is >= X); a
-suffix +exact verifies with row-invariant attention (bf16 output equal to ar bit for bit).
+Modes: ar, sync, dflash (the DFlash baseline drafter), async (the device's default settings),
+async:none / async:thread / async:stream / async:packed (how the hypotheses pass runs beside
+verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their
+estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
+fan-out (``d3d.hypotheses``); +exact verifies with row-invariant attention (bf16 output equal to
+ar bit for bit). Example: ``async:none@0/8x3+exact``.
+
+For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
+per round, and the drafting left on the critical path (synchronous drafts + the part of the
+hypotheses passes that verification did not hide).
 
 Models load in the dtype policy's choice (``d3d.precision``; ``--dtype`` forces one). In fp32
 every speculative output must equal ar; in bf16 only +exact modes must, the others are counted
@@ -22,6 +27,7 @@ every speculative output must equal ar; in bf16 only +exact modes must, the othe
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,15 +36,20 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
-from d3d.prompts import CHAT_SETS, PROMPT_SETS, load_prompt_set
+from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 
 from .common import compare_table, load_json, machine, markdown_table, write_json
 
 
+MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
+                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(\+(?P<flag>\w+))?$")
+
+
 def run_mode(target, drafter, prompt, mode: str, args):
-    mode, _, flags = mode.partition("+")
-    mode, _, threshold = mode.partition("@")
-    name, _, overlap = mode.partition(":")
+    m = MODE.match(mode)
+    if m is None:
+        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][+exact]")
+    name, overlap, threshold, flags = m["name"], m["overlap"], m["threshold"], m["flag"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
     elif name == "dflash":
@@ -48,6 +59,10 @@ def run_mode(target, drafter, prompt, mode: str, args):
                                           overlap=overlap or None)
     if threshold:
         kw["successor_threshold"] = float(threshold)
+    if m["k"]:
+        kw["hypotheses"] = int(m["k"])
+    if m["f"]:
+        kw["fanout"] = int(m["f"])
     if flags == "exact":
         kw["exact"] = True
     elif flags:
@@ -59,7 +74,8 @@ def run_mode(target, drafter, prompt, mode: str, args):
 
 def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
-               "hidden_draft_s": 0.0, "verify_s": 0.0, "per_prompt_tok_s": [], "identical": 0} for m in args.modes}
+               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "per_prompt_tok_s": [], "identical": 0,
+               "hits_by_accept": None, "hypotheses": 0, "passes": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32
@@ -83,9 +99,13 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["fallbacks"] += s.fallbacks
             a["draft_s"] += s.draft_seconds
             a["hidden_draft_s"] += s.hidden_draft_seconds
+            a["exposed_draft_s"] += s.exposed_draft_seconds
             a["verify_s"] += s.verify_seconds
-            if s.accept_hist:
-                a["hist"] = s.accept_hist if a["hist"] is None else [x + y for x, y in zip(a["hist"], s.accept_hist)]
+            a["hypotheses"] += s.hypotheses
+            a["passes"] += s.successor_passes
+            for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
+                if hist:
+                    a[key] = hist if a[key] is None else [x + y for x, y in zip(a[key], hist)]
         print(f"  prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     res = {}
     for m, a in acc.items():
@@ -95,7 +115,12 @@ def bench_set(target, drafter, prompts, args) -> dict:
             r.update(tau=sum((k + 1) * c for k, c in enumerate(a["hist"])) / a["rounds"], rounds=a["rounds"],
                      accept_hist=a["hist"], hit_rate=a["hits"] / a["rounds"],
                      fallback_rate=a["fallbacks"] / a["rounds"], draft_seconds=a["draft_s"],
-                     hidden_draft_seconds=a["hidden_draft_s"], verify_seconds=a["verify_s"])
+                     hidden_draft_seconds=a["hidden_draft_s"], verify_seconds=a["verify_s"],
+                     critical_draft_seconds=a["draft_s"] + a["exposed_draft_s"],
+                     hypotheses_per_round=a["hypotheses"] / a["rounds"],
+                     hypothesis_pass_rate=a["passes"] / a["rounds"])
+            if a["hits_by_accept"]:
+                r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r
     if "ar" in res:
         fastest = max(res[m]["tok_s"] for m in ("ar", "ar-fp32") if m in res)
@@ -114,6 +139,9 @@ def main(argv=None) -> dict:
                     help="prompt sets (default: all; with --chat: humaneval mtbench); a missing optional set is "
                          "reported (and listed in the JSON), never installed")
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
+    ap.add_argument("--validation", action="store_true",
+                    help="code prompts from the validation files, for choosing settings (K, F, thresholds); "
+                         "every reported figure uses the evaluation files (the default)")
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per code prompt")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--chat", action="store_true",
@@ -132,6 +160,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.sets is None:
         args.sets = list(CHAT_SETS if args.chat else PROMPT_SETS)
+    if args.validation and args.sets != ["code"]:
+        ap.error("--validation: only the code set has a validation split (pass --sets code)")
     if args.chat and set(args.sets) - set(CHAT_SETS):
         ap.error(f"--chat: sets {sorted(set(args.sets) - set(CHAT_SETS))} are raw text; chat sets: {', '.join(CHAT_SETS)}")
     if "ar" not in args.modes:
@@ -158,7 +188,8 @@ def main(argv=None) -> dict:
     results, missing = {}, {}
     for name in args.sets:
         try:
-            prompts = load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat)
+            prompts = (heldout_prompts(tok, None, 0.05, args.n, args.prompt_len, part="validation") if args.validation
+                       else load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat))
         except FileNotFoundError as e:
             missing[name] = str(e)
             print(f"prompt set {name!r} unavailable: {e}", file=sys.stderr)
@@ -171,10 +202,11 @@ def main(argv=None) -> dict:
             rows.append([name, m, f"{r['tau']:.2f}" if "tau" in r else "-", r["tok_s"],
                          f"{r.get('speedup_vs_fastest_ar', r['speedup_vs_ar']):.2f}x",
                          f"{r['hit_rate']:.0%}" if m.startswith("async") else "-",
-                         f"{r['draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / {r['verify_seconds']:.2f}"
-                         if "tau" in r else "-"])
-    print(markdown_table(["set", "mode", "τ", "tok/s", "vs fastest ar", "async hit rate",
-                          "draft (critical) / draft (hidden) / verify s"], rows))
+                         f"{r['hypotheses_per_round']:.1f}" if m.startswith("async") else "-",
+                         f"{r['critical_draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / "
+                         f"{r['verify_seconds']:.2f}" if "tau" in r else "-"])
+    print(markdown_table(["set", "mode", "τ", "tok/s", "vs fastest ar", "async hit rate", "hypotheses/round",
+                          "draft on critical path / hypotheses passes / verify s"], rows))
     config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target")}
     config["dtype_used"] = str(target.dtype).removeprefix("torch.")
     payload = {"bench": "speculative", "machine": machine(), "config": config,

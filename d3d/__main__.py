@@ -102,20 +102,21 @@ def drafter_kind(path: Path) -> str:
 def choose_drafter(args, model):
     """(mode, drafter, note for the summary line) for ``generate``.
 
-    An explicit --drafter decides the drafter, its kind the default mode (D3D: async, DFlash:
-    dflash); an explicit --mode must fit it. Without --drafter the bundled D3D drafter is used
+    An explicit --drafter decides the drafter, its kind the default mode (D3D: ``default_mode`` of
+    the device — sync on a CPU, async on CUDA; DFlash: dflash); an explicit --mode must fit it. Without --drafter the bundled D3D drafter is used
     when it fits the model; otherwise the default is autoregressive, and the note says why.
     """
     import d3d
     from d3d.assets import BUNDLED_DRAFTER, bundled
     from d3d.dflash import load_dflash
+    from d3d.overlap import default_mode
 
     if args.mode == "ar":
         return "ar", None, ""
     if args.drafter:
         path = Path(args.drafter)
         kind = drafter_kind(path)
-        mode = args.mode or ("dflash" if kind == "dflash" else "async")
+        mode = args.mode or ("dflash" if kind == "dflash" else default_mode(model.device))
         if (mode == "dflash") != (kind == "dflash"):
             raise ValueError(f"--mode {mode} needs a {'DFlash' if mode == 'dflash' else 'D3D'} drafter; "
                              f"{path / 'config.json'} is a {'DFlash' if kind == 'dflash' else 'D3D'} drafter")
@@ -129,7 +130,7 @@ def choose_drafter(args, model):
             raise ValueError(f"--mode {args.mode} needs a drafter for this model; the bundled "
                              f"{BUNDLED_DRAFTER} does not fit it ({e}); pass --drafter DIR") from None
         return "ar", None, "autoregressive: the bundled drafter does not fit this model; pass --drafter DIR"
-    return args.mode or "async", drafter, ""
+    return args.mode or default_mode(model.device), drafter, ""
 
 
 def cmd_generate(args) -> int:
@@ -345,10 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", help="drafter directory, D3D or DFlash (detected from its config.json; default: the "
                                      "bundled models/d3d-drafter-12m when it fits the model)")
     g.add_argument("--mode", choices=["ar", "sync", "async", "dflash"], default=None,
-                   help="ar: one target forward per token; sync: draft then verify; async: D3D, the next block "
-                        "is drafted while the current one is verified; dflash: the DFlash baseline (needs "
-                        "--drafter with a DFlash drafter). Default: async with a D3D drafter (the bundled one "
-                        "when it fits the model), dflash with a DFlash --drafter, ar when no drafter fits")
+                   help="ar: one target forward per token; sync: draft then verify; async: D3D, successor "
+                        "blocks for the likeliest outcomes are drafted while the current block is verified; "
+                        "dflash: the DFlash baseline (needs --drafter with a DFlash drafter). Default with a D3D "
+                        "drafter (the bundled one when it fits the model): async on CUDA, sync on a CPU (measured "
+                        "faster there: the hypotheses compete with verification for the same cores); dflash "
+                        "with a DFlash --drafter; ar when no drafter fits")
     g.add_argument("--block-size", type=positive_int, default=None, help="tokens per round B (default: the drafter's, 16)")
     g.add_argument("--explain", action="store_true",
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "

@@ -199,10 +199,32 @@ class AsyncSettings:
 
 
 def async_defaults(device: torch.device) -> AsyncSettings:
-    """The async settings of a device, chosen by measurement (see the comments)."""
+    """The async settings of a device, chosen by measurement on *validation* prompts.
+
+    CPU (bundled pair, bf16, 12 validation code prompts x 128 tokens, one run each;
+    docs/results/async-hypotheses/validation_*.json; AMD EPYC Zen 5, 2 cores): every hypothesis
+    costs real time, because the pass competes with verification for the same two cores: a
+    hypotheses pass (K=1: 2.3 ms) costs about what the synchronous draft it may save does
+    (2.5 ms), so async pays only if it hits more often than it drafts — it never does. Measured,
+    speedup over ar (sync: 1.58x / 1.66x in the two runs): K=1 1.12x, K=4 0.86x (hit rate 52%),
+    K=8 F=3 0.68x (70%) with threshold 0; threads and the packed pass were slower still (thread
+    K=4 0.79x, packed K=4 0.72x). Gating by the estimated hit probability recovers sync's speed as
+    fewer rows get hypotheses: threshold 0.5 K=1 1.60x (10% hits), 0.9 K=1 1.64x. So on a CPU
+    async is sync plus rare, very likely hypotheses, and ``default_mode`` picks sync.
+
+    CUDA: unmeasured (no GPU was available). The hypotheses pass runs on idle SMs beside
+    verification, so K=8 with SSD's fan-out of 3 and no gate; ``python -m bench gpu`` measures
+    K in {1, 4, 8, 16, 32} (stage "hypotheses") to replace this guess.
+    """
     if device.type == "cuda":
         return AsyncSettings("stream", 8, 3, 0.0)
-    return AsyncSettings("none", 4, 1, 0.3)
+    return AsyncSettings("none", 1, 1, 0.5)
+
+
+def default_mode(device: torch.device) -> str:
+    """The speculative mode ``python -m d3d generate`` uses with a D3D drafter: async on CUDA,
+    sync on a CPU, where async measured slower than sync in every setting (``async_defaults``)."""
+    return "async" if device.type == "cuda" else "sync"
 
 
 @contextlib.contextmanager
@@ -214,4 +236,4 @@ def closing(overlap: Serial):
 
 
 __all__ = ["OVERLAPS", "Verification", "Serial", "Threaded", "Streamed", "Packed", "SideStream", "make_overlap",
-           "default_overlap", "packed_pair", "closing", "AsyncSettings", "async_defaults"]
+           "default_overlap", "packed_pair", "closing", "AsyncSettings", "async_defaults", "default_mode"]

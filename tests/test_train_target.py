@@ -108,3 +108,40 @@ def test_bf16_autocast_training_learns(tmp_path):
     fp32 = train_target(tiny_config(tmp_path / "b", compute_dtype="float32"), log=lambda *_: None)
     assert losses != fp32["losses_this_run"]
     torch.testing.assert_close(torch.tensor(losses[:3]), torch.tensor(fp32["losses_this_run"][:3]), rtol=0.05, atol=0.05)
+
+
+def test_sigterm_saves_the_state_and_stops(tmp_path):
+    """SIGTERM (or Ctrl-C) mid-run: the loop finishes its step, saves, stops; --resume continues."""
+    import os
+    import signal
+
+    from d3d.train import loop
+
+    cfg = tiny_config(tmp_path, steps=6, save_every=100, eval_every=100)
+    sent = []
+
+    def loss_then_signal(original):
+        def wrapped(step, gen):
+            if step == 2 and not sent:
+                sent.append(step)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return original(step, gen)
+        return wrapped
+
+    real_loop = loop.train_loop
+
+    def patched(model, optimizer, cfg_, state_path, loss_fn, *a, **kw):
+        return real_loop(model, optimizer, cfg_, state_path, loss_then_signal(loss_fn), *a, **kw)
+
+    import d3d.train.target as target_mod
+
+    target_mod.train_loop, old = patched, target_mod.train_loop
+    try:
+        first = train_target(cfg, log=lambda *_: None)
+    finally:
+        target_mod.train_loop = old
+    assert len(first["losses_this_run"]) == 3  # steps 0, 1, 2: the signalled step completes
+    assert torch.load(Path(cfg.out) / "training_state.pt", weights_only=False)["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
+    rest = train_target(cfg, resume=True, log=lambda *_: None)
+    assert len(rest["losses_this_run"]) == 3

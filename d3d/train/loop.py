@@ -14,11 +14,14 @@ lines with ETA, evaluation every ``eval_every`` steps, an atomic
 ``training_state.pt`` every ``save_every`` steps (and at the end), ``--resume`` from it, and
 ``stop_after`` (steps) or ``stop_after_minutes`` (wall time: a chunk that fits a session) to end
 this invocation early with an evaluation and a saved state (the schedule still spans ``steps``).
+Ctrl-C or SIGTERM ends it after the current step, with the state saved.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,6 +89,16 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
     progress = Progress(cfg.steps, res.start_step)
     t0 = time.perf_counter()
     res.steps_done = res.start_step
+    with _stop_requests() as stop:
+        _run_steps(model, optimizer, cfg, state_path, loss_fn, evaluate, on_eval, res, trainable, autocast, progress,
+                   t0, stop, log)
+    res.seconds = time.perf_counter() - t0
+    model.eval()
+    return res
+
+
+def _run_steps(model, optimizer, cfg, state_path, loss_fn, evaluate, on_eval, res, trainable, autocast, progress, t0,
+               stop, log) -> None:
     for step in range(res.start_step, cfg.steps):
         lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
         for group in optimizer.param_groups:
@@ -110,13 +123,35 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
                 res.history.append({"step": step + 1, "loss": res.losses[-1], **evaluate(step + 1)})
             if on_eval is not None:
                 on_eval(step + 1, res.history)
-        if (step + 1) % cfg.save_every == 0 or last:
+        if (step + 1) % cfg.save_every == 0 or last or stop.is_set():
             save_training_state(state_path, model, optimizer, step + 1, {"config": asdict(cfg), "history": res.history})
+        if stop.is_set() and not last:
+            log(f"interrupted after step {step + 1}: state saved to {state_path}; continue with --resume")
+            break
         if last:
             break
-    res.seconds = time.perf_counter() - t0
-    model.eval()
-    return res
+
+
+@contextlib.contextmanager
+def _stop_requests():
+    """An event set by the first SIGINT (Ctrl-C) or SIGTERM: the loop then finishes its step, saves
+    its state and stops, so an interrupted run loses nothing. A second signal interrupts at once."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # signal handlers can only be installed from the main thread
+        return
+
+    def request(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 _PER_INVOCATION = ("stop_after", "stop_after_minutes")  # may change between chunks without a note
