@@ -190,7 +190,7 @@ def test_async_overlap_strategies_agree_and_explain_rounds():
     assert sum(len(r.committed) for r in rounds) >= sum(outs["thread"].stats.num_generated) - len(PROMPTS)
 
 
-@pytest.mark.parametrize("overlap", ["thread", "packed"])
+@pytest.mark.parametrize("overlap", ["thread", "packed", "none/8x3"])
 def test_no_memory_growth_over_many_rounds(monkeypatch, overlap):
     """Caches are allocated once per generation and never reallocated or grown."""
     seen = {}
@@ -203,9 +203,11 @@ def test_no_memory_growth_over_many_rounds(monkeypatch, overlap):
     monkeypatch.setattr(KVCache, "layout", recording_layout)
     target = tiny_target(seed=8)
     drafter = random_drafter(target, 4, seed=9)
+    overlap, _, kf = overlap.partition("/")
+    kw = dict(hypotheses=8, fanout=3) if kf else {}
     out = generate(target, [1, 2, 3], max_new_tokens=400, stop_ids=[], mode="async", drafter=drafter,
-                   overlap=overlap)
-    assert out.stats.rounds > 100
+                   overlap=overlap, **kw)
+    assert out.stats.rounds > 100 and out.stats.successor_passes > 100
     assert len(seen) == 2  # one target cache, one drafter cache
     for cache, ptrs, shapes in seen.values():
         assert [t.data_ptr() for t in cache.k + cache.v] == ptrs
@@ -280,15 +282,22 @@ def chi2(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(stat), int(keep.sum()) + (1 if rest_e > 0 else 0) - 1
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "async/4x2"])
 def test_sampling_follows_the_target_distribution(mode, monkeypatch):
+    """At T > 0 the output follows the target's distribution; async/4x2 drafts 4 outcome
+    hypotheses (2 bonus candidates per accept length), and a hit is used only when it matches the
+    *sampled* bonus."""
     vocab, n = 6, 4000
     target = tiny_target(seed=11, vocab=vocab, std=0.5)
     drafter = random_drafter(target, 3, seed=12)
     prompt = [1, 2]
     p2, p3 = exact_marginals(target, prompt, vocab)
+    mode, _, hyps = mode.partition("/")
+    kw = dict(hypotheses=4, fanout=2) if hyps else {}
     out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], mode=mode,
-                   drafter=drafter)
+                   drafter=drafter, **kw)
+    if hyps:
+        assert out.stats.successor_hits > 100  # hypotheses were used for some of the third tokens
     toks = torch.tensor(out.tokens)
     for col, probs in ((1, p2), (2, p3)):
         stat, dof = chi2(toks[:, col], probs)
@@ -299,7 +308,7 @@ def test_sampling_follows_the_target_distribution(mode, monkeypatch):
     real_accept = speculative.accept
     monkeypatch.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
     biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
-                                   mode=mode, drafter=drafter).tokens)
+                                   mode=mode, drafter=drafter, **kw).tokens)
     stat, dof = chi2(biased[:, 1], p2)
     assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
 
