@@ -5,6 +5,8 @@
   gpu            every GPU measurement in one call, each stage time-boxed (--dry-run: CPU, toy sizes)
   passes         pass-cost curve: one forward over T = 1..32 new tokens, target and drafter, per dtype
   decode         d3d vs transformers autoregressive decode (tok/s, GB/s vs copy bandwidth)
+  target         a target's quality on unseen code: bits/byte (stdlib evaluation files, numpy), share of
+                 numpy function completions that parse, AR tok/s
   kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
   parity         d3d vs transformers on a real checkpoint: logits and greedy chat, token for token
   readme         print the README results table from a speculative JSON
@@ -140,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import parity
 
         schema.validate(parity.main(rest))
+    elif cmd == "target":
+        from . import target
+
+        schema.validate(target.main(rest))
     elif cmd == "readme":
         if len(rest) != 1:
             raise SystemExit("usage: python -m bench readme RESULTS.json")

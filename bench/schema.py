@@ -105,5 +105,11 @@ def validate(payload: dict) -> None:
         _check(payload, {"config": dict, "results": list, "model": str, "parameters": int}, "$")
         for i, row in enumerate(payload["results"]):
             _check(row, PARITY_ROW, f"$.results[{i}]")
+    elif kind == "target":
+        _check(payload, {"config": dict, "model": str, "parameters": int, "bits_per_byte": dict, "completions": dict,
+                         "ar_tok_s": NUM}, "$")
+        for name, row in payload["bits_per_byte"].items():
+            _check(row, {"files": int, "tokens": int, "bits_per_byte": NUM}, f"$.bits_per_byte.{name}")
+        _check(payload["completions"], {"n": int, "parse_rate": NUM, "rows": list}, "$.completions")
     else:
         raise ValueError(f"$.bench: unknown benchmark {kind!r}")

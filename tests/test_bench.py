@@ -138,3 +138,28 @@ def test_passes_smoke(tmp_path):
     assert {r["T"] for r in payload["results"]} == {1, 3}
     assert all(r["ms_min"] <= r["ms"] <= r["ms_max"] for r in payload["results"])  # medians of the repeats
     assert payload["machine"]["dtype_policy"]["dtype"] in ("float32", "bfloat16")
+
+
+def test_target_quality_smoke(tiny_pair, tmp_path):
+    out = tmp_path / "target.json"
+    bench_main(["target", "--model", str(tiny_pair / "target"), "--n", "2", "--max-new-tokens", "8",
+                "--max-tokens", "3000", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    assert set(payload["bits_per_byte"]) == {"stdlib_evaluation", "numpy"}
+    assert payload["completions"]["n"] == 2 and payload["bits_per_byte"]["numpy"]["bits_per_byte"] > 1  # random
+
+
+def test_target_completion_cut_and_parse_rules():
+    from bench.target import cut_function, has_statement
+
+    head = 'def f(x):\n    """Double."""\n'
+    body, ended = cut_function("    y = 2 * x\n    return y\n\ndef g():\n    pass\n")
+    assert ended and body == "    y = 2 * x\n    return y\n\n"
+    body, ended = cut_function("    y = 2 * x\n    return y<|endoftext|>def g")
+    assert ended and body == "    y = 2 * x\n    return y"
+    body, ended = cut_function("    y = 2 * x\n    return (y +")  # the budget cut the last line
+    assert not ended and body == "    y = 2 * x\n"
+    assert has_statement(head, "    return 2 * x\n")
+    assert not has_statement(head, "\n")  # a docstring alone wrote no code
+    assert not has_statement(head, "    return (\n")

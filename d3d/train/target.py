@@ -82,6 +82,16 @@ def token_byte_lengths(tok: Tokenizer) -> torch.Tensor:
     return lengths
 
 
+def token_stream(tok: Tokenizer, texts: list[str]) -> torch.Tensor:
+    """The texts' token ids back to back, each followed by ``<|endoftext|>``: int64 [N]."""
+    eot = tok.token_id("<|endoftext|>")
+    ids = []
+    for enc in tok._tok.encode_batch(texts, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
 def tokenize_corpus(cfg: TargetTrainConfig, out: Path, log=print) -> tuple[Tokenizer, TokenData]:
     """Train (or reuse) the tokenizer and tokenize both splits (cached under ``out/data``)."""
     corpus = find_corpus(cfg.corpus, cfg.heldout_fraction)
@@ -102,16 +112,7 @@ def tokenize_corpus(cfg: TargetTrainConfig, out: Path, log=print) -> tuple[Token
     if cache.is_file():
         data = torch.load(cache)
     else:
-        eot = tok.token_id("<|endoftext|>")
-
-        def stream(texts):
-            ids = []
-            for enc in tok._tok.encode_batch(texts, add_special_tokens=False):
-                ids.extend(enc.ids)
-                ids.append(eot)
-            return torch.tensor(ids, dtype=torch.int64)
-
-        data = {"train": stream(train_texts), "heldout": stream(heldout_texts)}
+        data = {"train": token_stream(tok, train_texts), "heldout": token_stream(tok, heldout_texts)}
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save(data, cache)
     log(f"tokens: {data['train'].numel():,} train, {data['heldout'].numel():,} held-out")
