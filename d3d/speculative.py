@@ -160,14 +160,7 @@ def generate_speculative(
                             hits_by_accept=[0] * B)
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
     gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
-    ov = make_overlap(overlap if use_hyps else "none", clock, target, drafter)
     longest = max(len(p) for p in prompts) + max_new_tokens
-    tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1, longest + (K + 2) * B + 2)
-    seqs = Sequences(target, prompts, B, out, stats, tcache, temperature, seed)
-    seqs.begin(prefill(target, prompts, tcache, temperature, gen)[0])
-    stats.target_forwards += 1
-    stats.prefill_seconds = clock.now()
-    committed = seqs.committed
     ready: list[Draft | None] = [None] * n  # a matched hypothesis: the next round's draft
 
     def draft_now(rows):  # 1: one drafter pass for the rows without a ready draft
@@ -189,13 +182,20 @@ def generate_speculative(
     def start_hypotheses(rows, drafts, hyps):  # 3: the clean run is the committed tail + the drafts
         rows = [i for i in rows if hyps[i] and sum(h.score for h in hyps[i]) >= successor_threshold]
         if not rows:
-            return None, rows
+            return None, set()
         clean = [committed[i][dcache.lengths[i]:] + drafts[i].tokens for i in rows]
         base = [len(committed[i]) - dcache.lengths[i] for i in rows]  # clean tokens before d_1
         blocks = [[Block(b + h.accepted, h.bonus) for h in hyps[i]] for i, b in zip(rows, base)]
-        return drafter.start(dcache, rows, clean, blocks, B), rows
+        return drafter.start(dcache, rows, clean, blocks, B), set(rows)
 
-    with closing(ov):
+    with closing(make_overlap(overlap if use_hyps else "none", clock, target, drafter)) as ov:
+        # caches: the drafter's has room for the K hypothesis blocks after a clean run
+        tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1, longest + (K + 2) * B + 2)
+        seqs = Sequences(target, prompts, B, out, stats, tcache, temperature, seed)
+        seqs.begin(prefill(target, prompts, tcache, temperature, gen)[0])
+        stats.target_forwards += 1
+        stats.prefill_seconds = clock.now()
+        committed = seqs.committed
         rnd = 0
         while rows := out.active():
             need = [i for i in rows if ready[i] is None]

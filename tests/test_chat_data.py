@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from d3d.assets import qwen3_tokenizer_dir
 from d3d.prompts import CHAT_TEMPLATES, code_request, load_prompt_set
