@@ -25,7 +25,7 @@ from ..model import apply_rope
 from ..tokenizer import Tokenizer
 from ..prompts import heldout_prompts
 from .common import make_optimizer
-from .drafter import init_from_target_layers, make_training_data, pick_mask_id
+from .drafter import init_from_target_layers, labelling_model, make_training_data, pick_mask_id
 from .loop import TrainSettings, train_loop
 
 
@@ -118,7 +118,7 @@ def train_dflash(cfg: DFlashTrainConfig, resume: bool = False, log=print) -> dic
     out.mkdir(parents=True, exist_ok=True)
     target = load_model(cfg.target, dtype="float32").requires_grad_(False)  # fp32 master; compute_dtype autocasts
     tok = Tokenizer.load(cfg.target)
-    data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
+    data = make_training_data(labelling_model(cfg.target, target), tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
                               cfg.gen_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else out / "data", log=log)
     mask_id = pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id)  # the D3D trainer's rule
     ids = tuple(target_layer_ids(target.cfg.num_hidden_layers, cfg.num_layers))

@@ -33,10 +33,12 @@ from ..kernels.attention import bd3_training_mask
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from ..corpus import find_corpus, read_texts
+from ..precision import resolve_dtype
 from ..prompts import heldout_prompts
 from .chat_data import chat_prompts, make_chat_training_data
 from .common import make_optimizer
 from .loop import TrainSettings, train_loop
+from .target import token_stream
 
 BLOCK_KINDS = ("all-mask", "anchored", "partial")
 
@@ -105,20 +107,17 @@ def bd3_loss(model: Transformer, x0: torch.Tensor, loss_mask: torch.Tensor, attn
 def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | None, heldout_fraction: float,
                        n_sequences: int, prompt_len: int, gen_len: int, seed: int, cache_dir: Path,
                        batch: int = 32, log=print) -> torch.Tensor:
-    """``[n_sequences, prompt_len + gen_len]``: corpus prompts + the target's greedy continuation."""
+    """``[n_sequences, prompt_len + gen_len]``: corpus prompts + the target's greedy continuation
+    (generated in ``target``'s dtype: pass the dtype policy's copy, bf16 where the CPU is fast at it)."""
     corpus = find_corpus(corpus_root, heldout_fraction)
     key = hashlib.sha256(json.dumps([str(corpus.root), len(corpus.train), n_sequences, prompt_len, gen_len, seed,
-                                     target.cfg.to_hf()], sort_keys=True).encode()
-                         + target.embed_tokens.weight[:4].numpy().tobytes()).hexdigest()[:16]
+                                     target.cfg.to_hf(), str(target.dtype)], sort_keys=True).encode()
+                         + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
     path = cache_dir / f"drafter-data-{key}.pt"
     if path.is_file():
         log(f"using cached target continuations {path}")
         return torch.load(path)
-    eot = tok.token_id("<|endoftext|>")
-    stream = []
-    for enc in tok._tok.encode_batch(read_texts(corpus.train), add_special_tokens=False):
-        stream.extend(enc.ids + [eot])
-    stream = torch.tensor(stream)
+    stream = token_stream(tok, read_texts(corpus.train))
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, stream.numel() - prompt_len, (n_sequences,), generator=gen)
     prompts = torch.stack([stream[s: s + prompt_len] for s in starts.tolist()])
@@ -129,11 +128,21 @@ def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | N
         rows.append(torch.cat([p, torch.tensor(out.tokens)], dim=1))
         done = min(i + batch, n_sequences)
         el = time.perf_counter() - t0
-        log(f"target continuations: {done}/{n_sequences} ({done * gen_len / el:.0f} tok/s, eta {el / done * (n_sequences - done):.0f} s)")
+        log(f"target continuations ({str(target.dtype).removeprefix('torch.')}): {done}/{n_sequences} "
+            f"({done * gen_len / el:.0f} tok/s, eta {el / done * (n_sequences - done):.0f} s)")
     data = torch.cat(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, path)
     return data
+
+
+def labelling_model(target_dir: str, fp32_target: Transformer) -> Transformer:
+    """The target that writes the training data: in the dtype policy's choice (bf16 where the CPU
+    multiplies bf16 fast — what the target runs in at inference there, and 2-3x faster to
+    generate with), else the fp32 copy already loaded."""
+    if resolve_dtype("auto", fp32_target.device) == torch.float32:
+        return fp32_target
+    return load_model(target_dir)
 
 
 def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int,
@@ -247,16 +256,18 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
     tok = Tokenizer.load(cfg.target)
+    labeller = labelling_model(cfg.target, target)
     if cfg.data == "chat":
-        data, loss_mask = make_chat_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
+        data, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
                                                   cfg.gen_len, cfg.window, cfg.seed, out / "data", log=log)
         eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "heldout", seed=1234,
                                     templates=1)
     else:
-        data = make_training_data(target, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
+        data = make_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
                                   cfg.gen_len, cfg.seed, out / "data", log=log)
         loss_mask = (torch.arange(data.shape[1]) >= cfg.prompt_len).float().expand_as(data)  # continuations only
         eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
+    del labeller
     L = data.shape[1]
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
     vocab_map = label_map = None
