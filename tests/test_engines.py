@@ -177,15 +177,21 @@ def test_stop_tokens_and_max_new_tokens_inside_a_block(mode):
         assert out.tokens == [r[:13] for r in free]
 
 
-def test_async_overlap_strategies_agree_and_explain_rounds():
+@pytest.mark.parametrize("hypotheses", [1, 4])
+def test_async_overlap_strategies_agree_and_explain_rounds(hypotheses):
+    """Every overlap runs the same rounds (with 4 hypotheses: sibling blocks through the thread,
+    the joint packed pass and the serial pass alike) and the output is ar's."""
     target = tiny_target(seed=6)
     drafter = random_drafter(target, 4, seed=7)
     rounds = []
-    outs = {ov: generate(target, PROMPTS, max_new_tokens=20, stop_ids=[], mode="async", drafter=drafter,
-                         overlap=ov, on_round=rounds.append if ov == "thread" else None)
+    outs = {ov: generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="async", drafter=drafter,
+                         overlap=ov, on_round=rounds.append if ov == "thread" else None, hypotheses=hypotheses,
+                         fanout=2)
             for ov in ("thread", "packed", "none")}
-    assert outs["thread"].tokens == outs["packed"].tokens == outs["none"].tokens == reference(target, PROMPTS, 20)
+    assert outs["thread"].tokens == outs["packed"].tokens == outs["none"].tokens == reference(target, PROMPTS, 40)
     assert outs["thread"].stats.accept_hist == outs["packed"].stats.accept_hist == outs["none"].stats.accept_hist
+    hits = [o.stats.successor_hits for o in outs.values()]
+    assert hits[0] == hits[1] == hits[2] and (hypotheses == 1 or hits[0] > 0)
     assert rounds and all(r.draft_span is not None for r in rounds)
     assert sum(len(r.committed) for r in rounds) >= sum(outs["thread"].stats.num_generated) - len(PROMPTS)
 
