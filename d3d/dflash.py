@@ -29,7 +29,8 @@ from torch import nn
 from .cache import KVCache, make_layout
 from .checkpoint import SHARED_EMBEDDINGS, read_state, save_model
 from .config import ModelConfig
-from .kernels.attention import packed_attention
+from .kernels import use_triton
+from .kernels.attention import attend_torch, packed_attention
 from .model import RMSNorm, Transformer, apply_rope
 
 
@@ -82,7 +83,8 @@ class DFlashDrafter(nn.Module):
         return tuple(i + 1 for i in self.dcfg.target_layer_ids)
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
-        return KVCache(self.cfg, rows, max_len, self.fc.weight.dtype, self.fc.weight.device)
+        # fp32 on a CPU, as the models' own caches (``Transformer.cache_dtype``: SDPA is faster there)
+        return KVCache(self.cfg, rows, max_len, self.model.cache_dtype, self.fc.weight.device)
 
     def context(self, hidden: list[torch.Tensor]) -> torch.Tensor:
         """[T, d] context vectors from the target's hidden states (one [T, d] per chosen layer)."""
@@ -115,24 +117,26 @@ class DFlashDrafter(nn.Module):
         cache.advance(layout)
 
     def block_forward(self, ids: torch.Tensor, layout, k_ctx: list[torch.Tensor], v_ctx: list[torch.Tensor]):
-        """Hidden states [T, d] of packed blocks (``layout``: cache_lens = context lengths)."""
+        """Hidden states [T, d] of packed blocks (``layout``: cache_lens = context lengths).
+
+        The blocks' own K/V are not cached (given to attention beside the context cache); q/k norm
+        and RoPE are the target-shaped layers' own (``Attention.qkv``); on the CPU the attention
+        plan is built once per pass, not per layer (measured before: 5.6 ms per draft, twice the
+        D3D drafter's 2.7 ms for the same layer count)."""
         cfg = self.cfg
         cos, sin = self.model.rope()
         cos, sin = cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1)
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = attn.qkv_proj(h).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = q.view(-1, cfg.num_attention_heads, cfg.head_dim)
-            k = k.view(-1, cfg.num_key_value_heads, cfg.head_dim)
-            v = v.view(-1, cfg.num_key_value_heads, cfg.head_dim)
-            if cfg.qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            o = packed_attention(q, k, v, k_ctx[i], v_ctx[i], layout.cu_seqlens, layout.cache_lens, layout.group_ids,
-                                 cache_rows=layout.rows, max_seqlen=layout.max_seqlen)
-            x = x + attn.o_proj(o.reshape(-1, cfg.q_size))
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin, k_ctx[i].dtype)
+            if use_triton(q):
+                o = packed_attention(q, k.to(q.dtype), v.to(q.dtype), k_ctx[i], v_ctx[i], layout.cu_seqlens,
+                                     layout.cache_lens, layout.group_ids, cache_rows=layout.rows,
+                                     max_seqlen=layout.max_seqlen)
+            else:
+                o = attend_torch(q, k, v.to(q.dtype), k_ctx[i], v_ctx[i], layout.plan(), cfg.head_dim ** -0.5)
+            x = x + attn.o_proj(o.reshape(-1, cfg.q_size).to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
