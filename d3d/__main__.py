@@ -432,13 +432,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=positive_int, help="torch CPU threads")
     r.add_argument("--own-embeddings", action="store_true",
                    help="train the drafter's own embedding/LM head (default: share the target's, frozen)")
-    r.add_argument("--data", choices=("windows", "chat"), default=dd.data,
+    r.add_argument("--data", choices=("windows", "chat", "teacher"), default=dd.data,
                    help="windows: corpus windows + the target's continuation (base models); chat: function "
-                        "header+docstring requests in the chat format + the target's answer (instruct models)")
+                        "header+docstring requests in the chat format + the target's answer (instruct models); "
+                        "teacher: --n-sequences corpus windows of --window tokens, each labelled at every position "
+                        "with the target's greedy token (one target pass per window instead of one per token)")
     add_config_args(r, DrafterTrainConfig, skip=("shared_embeddings",), helps={
                      "mix": "shares of all-mask / anchored / partial blocks in training",
                      "clean_mask": "attention among the clean half in training: causal (as the cache at inference)",
-                     "window": "--data chat: tokens per training row (the last WINDOW of request + answer)",
+                     "window": "--data chat: tokens per training row (the last WINDOW of request + answer); "
+                               "--data teacher: tokens per labelled window",
                      "gen_len": "tokens the target generates per prompt (chat: at most, it stops at end of turn)",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
                                     "training answers (the head scores only those; needs shared embeddings)",

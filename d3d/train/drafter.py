@@ -1,7 +1,9 @@
 """Training the D3D drafter (``python -m d3d train-drafter``).
 
 1. Data: the *target's own* greedy continuations of prompts drawn from the training split of the
-   corpus, so the drafter learns what the target will say (cached on disk).
+   corpus, so the drafter learns what the target will say (cached on disk); or (``data="teacher"``)
+   windows of training text with the target's greedy choice at every position as the label, from
+   one target pass per window (teacher forcing: ~``window`` labels per pass instead of one).
 2. Objective (BD3-LM, vectorised): the input is ``x_t ⊕ x_0`` (a noised copy of the sequence,
    then the clean copy), both halves at the same positions, under the mask of
    ``training_mask``. Each block of B tokens of ``x_t`` is noised in one of three ways:
@@ -80,15 +82,18 @@ def noise_blocks(x0: torch.Tensor, block_size: int, mask_id: int, mix: tuple[flo
 
 def bd3_loss(model: Transformer, x0: torch.Tensor, loss_mask: torch.Tensor, attn_mask: torch.Tensor,
              block_size: int, mask_id: int, mix, gamma: float, gen: torch.Generator,
-             label_map: torch.Tensor | None = None) -> torch.Tensor:
+             label_map: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted cross-entropy on the masked positions of ``x_t`` (see the module docstring).
 
     loss_mask: ``[L]`` or ``[batch, L]`` (1 where a token is supervised). label_map: ``[V]``
     target id -> drafting-vocabulary index (-1 outside it: not supervised), for a reduced head.
+    labels: ``[batch, L]`` what each position should predict (default ``x0`` itself; teacher
+    forcing: the target's greedy token after ``x0[:, :j]``).
     """
     b, L = x0.shape
     xt, weight = noise_blocks(x0, block_size, mask_id, mix, gamma, gen)
-    labels = x0 if label_map is None else label_map[x0]
+    labels = x0 if labels is None else labels
+    labels = labels if label_map is None else label_map[labels]
     weight = weight * loss_mask * (labels >= 0)
     positions = torch.arange(L).repeat(2)
     sel = weight.flatten().nonzero().squeeze(1)
@@ -136,6 +141,56 @@ def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | N
     return data
 
 
+@torch.no_grad()
+def teacher_labels(target: Transformer, windows: torch.Tensor, batch: int = 16) -> torch.Tensor:
+    """The target's greedy token at every position of ``windows`` [N, L] given the real tokens
+    before it: ``labels[:, j] = argmax p(. | windows[:, :j])`` for j >= 1; ``labels[:, 0]`` = -1
+    (no context: never supervised)."""
+    labels = torch.full_like(windows, -1)
+    for i in range(0, windows.shape[0], batch):
+        w = windows[i: i + batch].to(target.device)
+        labels[i: i + batch, 1:] = target(w[:, :-1]).argmax(-1).cpu()
+    return labels
+
+
+@torch.no_grad()
+def make_teacher_data(target: Transformer, tok: Tokenizer, corpus_root: str | None, heldout_fraction: float,
+                      n_windows: int, window: int, seed: int, cache_dir: Path, batch: int = 16,
+                      log=print) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(windows, labels)`` [n_windows, window]: random windows of the training split and the
+    target's greedy token at every position (``teacher_labels``), cached, resumable by chunks."""
+    corpus = find_corpus(corpus_root, heldout_fraction)
+    key = hashlib.sha256(json.dumps([str(corpus.root), len(corpus.train), n_windows, window, seed,
+                                     target.cfg.to_hf(), str(target.dtype)], sort_keys=True).encode()
+                         + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
+    path, partial = cache_dir / f"teacher-{key}.pt", cache_dir / f"teacher-{key}.partial.pt"
+    if path.is_file():
+        log(f"using cached teacher labels {path}")
+        data = torch.load(path)
+        return data["windows"], data["labels"]
+    stream = token_stream(tok, read_texts(corpus.train))
+    if stream.numel() <= window:
+        raise ValueError(f"corpus {corpus.root}: {stream.numel()} training tokens, fewer than one --window {window}")
+    starts = torch.randint(0, stream.numel() - window, (n_windows,), generator=torch.Generator().manual_seed(seed))
+    windows = torch.stack([stream[s: s + window] for s in starts.tolist()])
+    labels = torch.load(partial) if partial.is_file() else []
+    if labels:
+        log(f"resuming teacher labels from {partial}: {sum(len(x) for x in labels)} windows done")
+    t0, done0 = time.perf_counter(), sum(len(x) for x in labels)
+    chunk = max(batch, 1024 // window * batch)  # a partial save every few passes
+    for i in range(done0, n_windows, chunk):
+        labels.append(teacher_labels(target, windows[i: i + chunk], batch))
+        done, el = min(i + chunk, n_windows), time.perf_counter() - t0
+        log(f"teacher labels ({str(target.dtype).removeprefix('torch.')}): {done}/{n_windows} windows "
+            f"({(done - done0) * window / el:.0f} labels/s, eta {el / (done - done0) * (n_windows - done):.0f} s)")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(labels, partial)
+    labels = torch.cat(labels) if labels else torch.empty(0, window, dtype=torch.long)
+    torch.save({"windows": windows, "labels": labels}, path)
+    partial.unlink(missing_ok=True)
+    return windows, labels
+
+
 def labelling_model(target_dir: str, fp32_target: Transformer) -> Transformer:
     """The target that writes the training data: in the dtype policy's choice (bf16 where the CPU
     multiplies bf16 fast — what the target runs in at inference there, and 2-3x faster to
@@ -177,7 +232,8 @@ class DrafterTrainConfig(TrainSettings):
     clean_mask: str = "causal"
     eval_prompts: int = 8
     eval_new_tokens: int = 64
-    data: str = "windows"  # "windows": corpus windows + continuation; "chat": chat requests + answers
+    data: str = "windows"  # "windows": corpus windows + continuation; "chat": chat requests + answers;
+    # "teacher": corpus windows labelled by the target at every position (one pass per window)
     window: int = 256  # chat data: tokens per training row (last `window` of prompt + answer)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
@@ -248,16 +304,22 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     if cfg.block_size < 2 or cfg.gen_len % cfg.block_size or cfg.prompt_len % cfg.block_size:
         raise ValueError(f"--prompt-len ({cfg.prompt_len}) and --gen-len ({cfg.gen_len}) must be multiples of "
                          f"--block-size ({cfg.block_size}) >= 2")
-    if cfg.data not in ("windows", "chat"):
-        raise ValueError(f"--data={cfg.data!r}: expected 'windows' or 'chat'")
-    if cfg.data == "chat" and cfg.window % cfg.block_size:
+    if cfg.data not in ("windows", "chat", "teacher"):
+        raise ValueError(f"--data={cfg.data!r}: expected 'windows', 'chat' or 'teacher'")
+    if cfg.data in ("chat", "teacher") and cfg.window % cfg.block_size:
         raise ValueError(f"--window ({cfg.window}) must be a multiple of --block-size ({cfg.block_size})")
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
     tok = Tokenizer.load(cfg.target)
     labeller = labelling_model(cfg.target, target)
-    if cfg.data == "chat":
+    labels = None
+    if cfg.data == "teacher":
+        data, labels = make_teacher_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.window,
+                                         cfg.seed, out / "data", log=log)
+        loss_mask = (labels >= 0).float()
+        eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
+    elif cfg.data == "chat":
         data, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
                                                   cfg.gen_len, cfg.window, cfg.seed, out / "data", log=log)
         eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "heldout", seed=1234,
@@ -272,10 +334,11 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
     vocab_map = label_map = None
     if cfg.draft_vocab:
-        vocab_map = frequent_ids(data, loss_mask, cfg.draft_vocab, target.cfg.vocab_size)
+        vocab_map = frequent_ids(data if labels is None else labels.clamp(min=0), loss_mask, cfg.draft_vocab,
+                                 target.cfg.vocab_size)
         label_map = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
         label_map[vocab_map] = torch.arange(vocab_map.numel())
-        covered = (label_map[data] >= 0)[loss_mask > 0].float().mean().item()
+        covered = (label_map[data if labels is None else labels.clamp(min=0)] >= 0)[loss_mask > 0].float().mean().item()
         log(f"drafting vocabulary: {vocab_map.numel()} of {target.cfg.vocab_size} ids cover "
             f"{100 * covered:.2f}% of the supervised training tokens")
     drafter = build_drafter(target, tok, cfg, vocab_map)
@@ -294,7 +357,8 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     def loss_fn(step, gen):
         idx = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
         return bd3_loss(model, data[idx], loss_mask[idx], attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
-                        cfg.mix, cfg.gamma, gen, label_map), cfg.batch_size * L
+                        cfg.mix, cfg.gamma, gen, label_map, None if labels is None else labels[idx].clamp(min=0)
+                        ), cfg.batch_size * L
 
     def held_out(step):
         ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size,
