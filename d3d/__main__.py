@@ -61,7 +61,7 @@ class Explainer:
         accepted = self._paint(piece(info.draft[:a]), "32", "[{}]") if a else ""
         rejected = self._paint(piece(info.draft[a:]), "31;9", "~{}~") if a < len(info.draft) else ""
         bonus = self._paint(piece([info.bonus]), "1;33", "<{}>")
-        source = "drafted during the previous verification (a hypothesis hit)" if info.successor_used else (
+        source = "ready: a hypothesis of the previous round hit" if info.successor_used else (
             f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         lines = [f"round {info.round}: accepted {a}/{len(info.draft)} + bonus ({source})",
