@@ -22,6 +22,7 @@ import torch
 import d3d
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
 from d3d.precision import auto_dtype
+from d3d.corpus import training_corpus
 from d3d.prompts import PROMPT_SETS, load_prompt_set
 
 from .common import machine, markdown_table, write_json
@@ -61,7 +62,8 @@ def main(argv=None) -> dict:
 
     rows, divergences = [], []
     for name in args.sets:
-        for i, prompt in enumerate(load_prompt_set(name, tok, args.n, args.prompt_len)):
+        for i, prompt in enumerate(load_prompt_set(name, tok, args.n, args.prompt_len,
+                                                         corpus=training_corpus(target_dir))):
             ar = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[]).tokens[0]
             for mode in args.modes:
                 name_, _, flag = mode.partition("+")

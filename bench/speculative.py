@@ -36,6 +36,7 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
+from d3d.corpus import training_corpus
 from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 
 from .common import compare_table, load_json, machine, markdown_table, write_json
@@ -186,10 +187,11 @@ def main(argv=None) -> dict:
         args.dflash_drafter = load_dflash(dflash_dir, target)
     d3d.generate(target, [1, 2, 3], max_new_tokens=8, mode="async", drafter=drafter, stop_ids=[])  # warm-up
     results, missing = {}, {}
+    corpus = training_corpus(target_dir)  # code prompts from the evaluation files of the target's own corpus
     for name in args.sets:
         try:
-            prompts = (heldout_prompts(tok, None, 0.05, args.n, args.prompt_len, part="validation") if args.validation
-                       else load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat))
+            prompts = (heldout_prompts(tok, corpus, 0.05, args.n, args.prompt_len, part="validation") if args.validation
+                       else load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat, corpus=corpus))
         except FileNotFoundError as e:
             missing[name] = str(e)
             print(f"prompt set {name!r} unavailable: {e}", file=sys.stderr)

@@ -271,9 +271,25 @@ def cmd_train_target(args) -> int:
     return 0
 
 
+TARGETS_CORPUS_HELP = ("directory of .py files, or python-sources: the standard library + the installed torch, pip, "
+                       "setuptools, triton sources, deduplicated by content (default: the corpus the target was "
+                       "trained on, from its train_summary.json; the standard library if it has none)")
+
+
+def target_corpus(args) -> None:
+    """``--corpus`` defaults to the corpus the target was trained on: its held-out split is the one
+    whose files the target never saw (another corpus's split can hold the target's training files)."""
+    from d3d.corpus import training_corpus
+
+    if args.corpus is None:
+        args.corpus = training_corpus(args.target)
+        log_stderr(f"corpus: {args.corpus or 'the standard library'} (the target's, from its train_summary.json)")
+
+
 def cmd_train_drafter(args) -> int:
     from d3d.train.drafter import DrafterTrainConfig, train_drafter
 
+    target_corpus(args)
     cfg = config_from_args(DrafterTrainConfig, args, shared_embeddings=not args.own_embeddings)
     summary = train_drafter(cfg, resume=args.resume, log=log_stderr)
     print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
@@ -283,6 +299,7 @@ def cmd_train_drafter(args) -> int:
 def cmd_train_dflash(args) -> int:
     from d3d.train.dflash import DFlashTrainConfig, train_dflash
 
+    target_corpus(args)
     summary = train_dflash(config_from_args(DFlashTrainConfig, args), resume=args.resume, log=log_stderr)
     print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
     return 0
@@ -301,6 +318,7 @@ def cmd_prune(args) -> int:
     from d3d.prompts import heldout_prompts
     from d3d.train.drafter import measure_tau
 
+    target_corpus(args)
     target = d3d.load_model(args.target)
     tok = d3d.load_tokenizer(args.target)
     drafter = d3d.load_drafter(args.drafter, target=target)
@@ -426,8 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--target", required=True, help="target checkpoint directory (with tokenizer.json)")
     r.add_argument("--out", required=True, help="output directory for the drafter")
-    r.add_argument("--corpus", help="directory of .py files (default: the standard library), or python-sources: the standard "
-                   "library + the installed torch, pip, setuptools, triton sources, deduplicated by content")
+    r.add_argument("--corpus", help=TARGETS_CORPUS_HELP)
     r.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
     r.add_argument("--threads", type=positive_int, help="torch CPU threads")
     r.add_argument("--own-embeddings", action="store_true",
@@ -459,8 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     f.add_argument("--target", required=True, help="target checkpoint directory (with tokenizer.json)")
     f.add_argument("--out", required=True, help="output directory for the drafter")
-    f.add_argument("--corpus", help="directory of .py files (default: the standard library), or python-sources: the standard "
-                   "library + the installed torch, pip, setuptools, triton sources, deduplicated by content")
+    f.add_argument("--corpus", help=TARGETS_CORPUS_HELP)
     f.add_argument("--data-dir", help="where target continuations are cached (default OUT/data; point it at a "
                                       "train-drafter run's data directory to reuse them)")
     f.add_argument("--resume", action="store_true", help="continue from OUT/training_state.pt")
@@ -489,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--greedy", type=positive_int, help="remove this many layers, least harmful first")
     pr.add_argument("--table", action="store_true",
                     help="with --drop: also report τ with each single layer removed (--greedy always reports it)")
-    pr.add_argument("--corpus", help="corpus root for held-out prompts (default: the standard library)")
+    pr.add_argument("--corpus", help="corpus for the held-out (validation) prompts: " + TARGETS_CORPUS_HELP)
     pr.add_argument("--heldout-fraction", type=float, default=0.05)
     pr.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts for τ")
     pr.add_argument("--prompt-len", type=positive_int, default=32)

@@ -15,6 +15,7 @@ so that no reported figure comes from the prompts a choice was made on.
 from __future__ import annotations
 
 import hashlib
+import json
 import sysconfig
 import zlib
 from dataclasses import dataclass
@@ -122,6 +123,21 @@ def find_corpus(root: str | Path | None = None, heldout_fraction: float = 0.05, 
     if not train or not heldout:
         raise ValueError(f"corpus {root}: {len(files)} file(s) are too few to split into train and held-out")
     return Corpus(root, train, heldout)
+
+
+def training_corpus(target_dir: str | Path) -> str | None:
+    """The ``--corpus`` a target was trained on, from its ``train_summary.json`` (None: the standard
+    library, also for a target without a summary). Code prompts for that target must come from the
+    evaluation files of *this* corpus: another corpus's split can hold the target's training files."""
+    path = Path(target_dir) / "train_summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it as JSON ({e})") from None
+    corpus = summary.get("config", {}).get("corpus") if isinstance(summary, dict) else None
+    return None if corpus is None else str(corpus)
 
 
 def read_texts(files: list[Path]) -> list[str]:

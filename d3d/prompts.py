@@ -137,13 +137,15 @@ def code_request(code: str, template: int = 0) -> list[dict]:
     return [{"role": "user", "content": CHAT_TEMPLATES[template].format(code=code)}]
 
 
-def load_prompt_set(name: str, tok: Tokenizer, n: int, prompt_len: int = 64, chat: bool = False) -> list[list[int]]:
+def load_prompt_set(name: str, tok: Tokenizer, n: int, prompt_len: int = 64, chat: bool = False,
+                    corpus: str | None = None) -> list[list[int]]:
     """Token ids of ``n`` prompts of set ``name``; ``chat``: as user turns in the model's chat format
-    (HumanEval as ``code_request``, MT-Bench questions as they are)."""
+    (HumanEval as ``code_request``, MT-Bench questions as they are). ``corpus``: the corpus whose
+    evaluation files the "code" set is drawn from: the target's own (``corpus.training_corpus``)."""
     if chat and name not in CHAT_SETS:
         raise ValueError(f"prompt set {name!r} is raw text, not requests: chat format applies to {', '.join(CHAT_SETS)}")
     if name == "code":
-        return code_prompts(tok, n, prompt_len)
+        return code_prompts(tok, n, prompt_len, corpus)
     if name == "humaneval":
         if chat:
             return [tok.encode_chat(code_request(p)) for p in humaneval_prompts(n)]

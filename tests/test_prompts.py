@@ -47,3 +47,29 @@ def test_multi_root_corpus_dedups_by_content_and_keeps_evaluation_packages_out(t
     assert len(files) == 40 and b / "pkg" / "copy.py" not in files
     assert not any("numpy" in p.parts for p in files)
     assert set(corpus.part("validation")) | set(corpus.part("evaluation")) == set(corpus.heldout)
+
+
+def test_code_prompts_come_from_the_targets_own_corpus(tmp_path):
+    """A target records its --corpus in train_summary.json; the "code" set and the drafter trainers
+    draw from that corpus's evaluation/validation files (another corpus's split may hold the
+    target's training files). No summary: the standard library; an unreadable one: a named error."""
+    import json
+
+    import pytest
+
+    from d3d.corpus import training_corpus
+    from d3d.prompts import load_prompt_set
+
+    root = make_corpus(tmp_path / "corpus", n_files=40)
+    target = tmp_path / "target"
+    target.mkdir()
+    assert training_corpus(target) is None
+    (target / "train_summary.json").write_text(json.dumps({"config": {"corpus": str(root)}}))
+    assert training_corpus(target) == str(root)
+    tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)
+    texts = [tok.decode(p) for p in load_prompt_set("code", tok, 6, 24, corpus=training_corpus(target))]
+    evaluation_text = "\n".join(p.read_text() for p in find_corpus(root, 0.05).part("evaluation"))
+    assert all(t in evaluation_text for t in texts)
+    (target / "train_summary.json").write_text("{not json")
+    with pytest.raises(ValueError, match="train_summary.json"):
+        training_corpus(target)

@@ -34,7 +34,7 @@ from ..engines import generate
 from ..kernels.attention import bd3_training_mask
 from ..model import Transformer
 from ..tokenizer import Tokenizer
-from ..corpus import find_corpus, read_texts
+from ..corpus import find_corpus, read_texts, training_corpus
 from ..precision import resolve_dtype
 from ..prompts import heldout_prompts
 from .chat_data import chat_prompts, make_chat_training_data
@@ -398,7 +398,7 @@ def evaluate_drafter(target_dir: str, drafter_dir: str, n_code: int = 16, n_huma
             if chat and name == "code":
                 prompts = chat_prompts(tok, None, 0.05, n, "heldout", seed=1234, templates=1)
             else:
-                prompts = load_prompt_set(name, tok, n, chat=chat)
+                prompts = load_prompt_set(name, tok, n, chat=chat, corpus=training_corpus(target_dir))
         except FileNotFoundError as e:
             log(f"{name}: unavailable ({e})")
             continue
