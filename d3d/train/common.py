@@ -28,12 +28,36 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def save_atomic(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file, then rename: a killed save never leaves a broken file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def resumable_rows(partial: Path, total: int, chunk: int, make, what: str, per_row: int, unit: str,
+                   log=print) -> torch.Tensor:
+    """Rows ``[0, total)`` of a slow-to-make dataset, ``make(i, j)`` -> rows i..j-1, ``chunk`` rows
+    at a time; every chunk is saved to ``partial`` (atomically), so a killed job resumes where it
+    stopped. Progress: ``per_row`` ``unit``s per row (tokens generated, labels, ...)."""
+    done_chunks = torch.load(partial) if partial.is_file() else []
+    done0 = sum(len(x) for x in done_chunks)
+    if done0:
+        log(f"resuming {what} from {partial}: {done0}/{total} rows done")
+    t0 = time.perf_counter()
+    for i in range(done0, total, chunk):
+        done_chunks.append(make(i, min(i + chunk, total)))
+        done, el = min(i + chunk, total), time.perf_counter() - t0
+        log(f"{what}: {done}/{total} ({(done - done0) * per_row / el:.0f} {unit}/s, "
+            f"eta {el / (done - done0) * (total - done):.0f} s)")
+        save_atomic(done_chunks, partial)
+    return torch.cat(done_chunks)
+
+
 def save_training_state(path: Path, model, optimizer, step: int, extra: dict) -> None:
     """Atomic write (tmp + rename), so an interrupted save never leaves a broken checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, **extra}, tmp)
-    os.replace(tmp, path)
+    save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, **extra}, path)
 
 
 def load_training_state(path: Path) -> dict:

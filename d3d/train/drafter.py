@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from ..corpus import find_corpus, read_texts, training_corpus
 from ..precision import resolve_dtype
 from ..prompts import heldout_prompts
 from .chat_data import chat_prompts, make_chat_training_data
-from .common import make_optimizer
+from .common import make_optimizer, resumable_rows, save_atomic
 from .loop import TrainSettings, train_loop
 from .target import token_stream
 
@@ -118,7 +117,7 @@ def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | N
     key = hashlib.sha256(json.dumps([str(corpus.root), len(corpus.train), n_sequences, prompt_len, gen_len, seed,
                                      target.cfg.to_hf(), str(target.dtype)], sort_keys=True).encode()
                          + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
-    path = cache_dir / f"drafter-data-{key}.pt"
+    path, partial = cache_dir / f"drafter-data-{key}.pt", cache_dir / f"drafter-data-{key}.partial.pt"
     if path.is_file():
         log(f"using cached target continuations {path}")
         return torch.load(path)
@@ -126,18 +125,19 @@ def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | N
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, stream.numel() - prompt_len, (n_sequences,), generator=gen)
     prompts = torch.stack([stream[s: s + prompt_len] for s in starts.tolist()])
-    rows, t0 = [], time.perf_counter()
-    for i in range(0, n_sequences, batch):
-        p = prompts[i: i + batch]
-        out = generate(target, p.tolist(), max_new_tokens=gen_len, stop_ids=[])
-        rows.append(torch.cat([p, torch.tensor(out.tokens)], dim=1))
-        done = min(i + batch, n_sequences)
-        el = time.perf_counter() - t0
-        log(f"target continuations ({str(target.dtype).removeprefix('torch.')}): {done}/{n_sequences} "
-            f"({done * gen_len / el:.0f} tok/s, eta {el / done * (n_sequences - done):.0f} s)")
-    data = torch.cat(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path)
+
+    def continue_rows(i: int, j: int) -> torch.Tensor:
+        rows = []
+        for k in range(i, j, batch):
+            p = prompts[k: min(k + batch, j)]
+            out = generate(target, p.tolist(), max_new_tokens=gen_len, stop_ids=[])
+            rows.append(torch.cat([p, torch.tensor(out.tokens)], dim=1))
+        return torch.cat(rows)
+
+    what = f"target continuations ({str(target.dtype).removeprefix('torch.')})"
+    data = resumable_rows(partial, n_sequences, 4 * batch, continue_rows, what, gen_len, "tok", log)
+    save_atomic(data, path)
+    partial.unlink(missing_ok=True)
     return data
 
 
@@ -173,20 +173,11 @@ def make_teacher_data(target: Transformer, tok: Tokenizer, corpus_root: str | No
         raise ValueError(f"corpus {corpus.root}: {stream.numel()} training tokens, fewer than one --window {window}")
     starts = torch.randint(0, stream.numel() - window, (n_windows,), generator=torch.Generator().manual_seed(seed))
     windows = torch.stack([stream[s: s + window] for s in starts.tolist()])
-    labels = torch.load(partial) if partial.is_file() else []
-    if labels:
-        log(f"resuming teacher labels from {partial}: {sum(len(x) for x in labels)} windows done")
-    t0, done0 = time.perf_counter(), sum(len(x) for x in labels)
     chunk = max(batch, 1024 // window * batch)  # a partial save every few passes
-    for i in range(done0, n_windows, chunk):
-        labels.append(teacher_labels(target, windows[i: i + chunk], batch))
-        done, el = min(i + chunk, n_windows), time.perf_counter() - t0
-        log(f"teacher labels ({str(target.dtype).removeprefix('torch.')}): {done}/{n_windows} windows "
-            f"({(done - done0) * window / el:.0f} labels/s, eta {el / (done - done0) * (n_windows - done):.0f} s)")
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(labels, partial)
-    labels = torch.cat(labels) if labels else torch.empty(0, window, dtype=torch.long)
-    torch.save({"windows": windows, "labels": labels}, path)
+    what = f"teacher labels ({str(target.dtype).removeprefix('torch.')})"
+    labels = resumable_rows(partial, n_windows, chunk, lambda i, j: teacher_labels(target, windows[i: j], batch),
+                            what, window, "labels", log)
+    save_atomic({"windows": windows, "labels": labels}, path)
     partial.unlink(missing_ok=True)
     return windows, labels
 
