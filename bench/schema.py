@@ -110,6 +110,7 @@ def validate(payload: dict) -> None:
                          "ar_tok_s": NUM}, "$")
         for name, row in payload["bits_per_byte"].items():
             _check(row, {"files": int, "tokens": int, "bits_per_byte": NUM}, f"$.bits_per_byte.{name}")
-        _check(payload["completions"], {"n": int, "parse_rate": NUM, "rows": list}, "$.completions")
+        _check(payload["completions"], {"n": int, "parse_rate": NUM, "loop_rate": NUM, "sensible_rate": NUM,
+                                        "rows": list}, "$.completions")
     else:
         raise ValueError(f"$.bench: unknown benchmark {kind!r}")

@@ -6,7 +6,9 @@
   completions  greedy completions of numpy function heads (signature + docstring, dedented), cut
                where the function ends (the first line back at the ``def``'s indentation, or the
                last complete line when the budget runs out); the share that parses as Python
-               (``ast.parse``) and has at least one statement after the docstring, with samples
+               (``ast.parse``) and has at least one statement after the docstring; the share that
+               loops (greedy repetition: fewer than half of 6+ lines distinct); the share that is
+               sensible (parses, ends where the function ends, does not loop); with samples
   speed        AR tokens/s of the target in the policy's dtype (batch 1, greedy; median)
 
     python -m bench target [--model DIR] [--n 100] [--max-tokens 300000] [--out FILE]
@@ -100,8 +102,24 @@ def has_statement(head: str, body: str) -> bool:
     return len(fn.body) > 1
 
 
+def loops(body: str, min_lines: int = 6) -> bool:
+    """Greedy decoding of a small model repeats itself: ``min_lines`` or more non-blank lines of
+    which fewer than half are distinct. Such a body can parse and still be no function."""
+    lines = [line.strip() for line in body.splitlines() if line.strip()]
+    return len(lines) >= min_lines and len(set(lines)) < len(lines) / 2
+
+
+def completion_rates(rows: list[dict]) -> dict:
+    """Shares of completions that parse (with a statement), that loop, and that are *sensible*:
+    parse, end where the function ends (within the budget) and do not loop."""
+    n = max(len(rows), 1)
+    looping = [loops(r["completion"]) for r in rows]
+    return {"parse_rate": sum(r["parses"] for r in rows) / n, "loop_rate": sum(looping) / n,
+            "sensible_rate": sum(r["parses"] and r["ended"] and not lp for r, lp in zip(rows, looping)) / n}
+
+
 def completions(model, tok, heads: list[dict], max_new: int) -> dict:
-    rows, ok = [], 0
+    rows = []
     for h in heads:
         ids = tok.encode(h["head"])
         out = d3d.generate(model, ids, max_new_tokens=max_new, stop_ids=[tok.token_id("<|endoftext|>")])
@@ -111,10 +129,9 @@ def completions(model, tok, heads: list[dict], max_new: int) -> dict:
             parses = has_statement(h["head"], body)
         except SyntaxError:
             parses = False
-        ok += parses
-        rows.append({"file": h["file"], "name": h["name"], "parses": parses, "ended": ended,
+        rows.append({"file": h["file"], "name": h["name"], "parses": parses, "ended": ended, "loops": loops(body),
                      "head": h["head"], "completion": body})
-    return {"n": len(rows), "parse_rate": ok / max(len(rows), 1), "rows": rows}
+    return {"n": len(rows), **completion_rates(rows), "rows": rows}
 
 
 def ar_speed(model, tok, prompts: list[str], new_tokens: int = 128, repeats: int = 3) -> float:
@@ -150,10 +167,12 @@ def main(argv=None) -> dict:
     speed = ar_speed(model, tok, ["def read_config(path):\n", "import os\n\n\nclass Cache:\n"])
     rows = [[k, v["tokens"], f"{v['bits_per_byte']:.3f}"] for k, v in bpb.items()]
     print(markdown_table(["held-out text", "tokens", "bits/byte"], rows))
-    print(f"\ncompletions that parse: {comp['parse_rate']:.0%} of {comp['n']}; AR {speed:.0f} tok/s "
+    print(f"\ncompletions of {comp['n']} heads: {comp['parse_rate']:.0%} parse, {comp['loop_rate']:.0%} loop, "
+          f"{comp['sensible_rate']:.0%} sensible (parse, end, no loop); AR {speed:.0f} tok/s "
           f"({str(model.dtype).removeprefix('torch.')})")
     for r in comp["rows"][:args.samples]:
-        print(f"\n--- {r['name']} ({'parses' if r['parses'] else 'does not parse'})\n{r['head']}{r['completion']}")
+        verdict = ("parses" if r["parses"] else "does not parse") + (", loops" if r["loops"] else "")
+        print(f"\n--- {r['name']} ({verdict})\n{r['head']}{r['completion']}")
     payload = {"bench": "target", "machine": machine(), "model": str(model_dir),
                "parameters": model.cfg.num_parameters(), "dtype": str(model.dtype).removeprefix("torch."),
                "bits_per_byte": bpb, "completions": comp, "ar_tok_s": speed, "config": vars(args)}

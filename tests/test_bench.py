@@ -164,3 +164,17 @@ def test_target_completion_cut_and_parse_rules():
     assert has_statement(head, "    return 2 * x\n")
     assert not has_statement(head, "\n")  # a docstring alone wrote no code
     assert not has_statement(head, "    return (\n")
+
+
+def test_target_completions_that_loop_are_counted():
+    """A greedy loop can parse; it is counted as looping and is not sensible."""
+    from bench.target import completion_rates, loops
+
+    loop = "    if x is None:\n        x = 0\n" * 4
+    assert loops(loop) and not loops("    y = 2 * x\n    return y\n")
+    assert not loops("    return 0\n" * 5)  # too short to call a loop
+    rows = [{"parses": True, "ended": True, "completion": "    return 2 * x\n"},
+            {"parses": True, "ended": False, "completion": loop},
+            {"parses": False, "ended": True, "completion": "    return (\n"},
+            {"parses": True, "ended": True, "completion": loop}]
+    assert completion_rates(rows) == {"parse_rate": 0.75, "loop_rate": 0.5, "sensible_rate": 0.25}
