@@ -121,6 +121,67 @@ class Sequences:
         return new
 
 
+class Drafting:
+    """The drafter's side of D3D: its cache, the draft ready for each sequence's next round, and
+    the hypotheses pass (steps 1, 3 and the drafter's part of 4 in the module docstring)."""
+
+    def __init__(self, drafter: "Drafter", dcache, seqs: Sequences, stats: GenerationStats, block_size: int,
+                 use_hyps: bool, K: int, fanout: int, successor_threshold: float):
+        self.drafter, self.dcache, self.committed, self.stats, self.B = drafter, dcache, seqs.committed, stats, block_size
+        self.use_hyps, self.K, self.fanout, self.threshold = use_hyps, K, fanout, successor_threshold
+        self.top = fanout + 1 if use_hyps else 0  # top tokens kept per position: the bonus candidates
+        self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
+
+    def draft(self, rows: list[int]) -> list[Draft]:
+        """Step 1 for rows without a ready draft: one drafter pass over each row's uncached committed
+        tokens and the block [anchor, mask x (B-1)]."""
+        c, lengths = self.committed, self.dcache.lengths
+        d = self.drafter.draft_blocks(self.dcache, rows, [c[i][lengths[i]:-1] for i in rows],
+                                      [[Block(len(c[i]) - 1 - lengths[i], c[i][-1])] for i in rows],
+                                      self.B, top=self.top)
+        self.stats.drafter_forwards += self.drafter.dcfg.denoise_steps
+        return host_drafts(d)
+
+    def likeliest_outcomes(self, draft: Draft) -> list[Hypothesis]:
+        """Step 3: the outcomes (a, bonus) worth a successor block (none in sync)."""
+        if not self.use_hyps:
+            return []
+        if self.drafter.dcfg.denoise_steps > 1:  # its later steps re-run whole blocks: all-accepted only
+            return [Hypothesis(self.B - 1, None, draft.certainty)]
+        return outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, self.K, self.fanout)
+
+    def start_hypotheses(self, rows: list[int], drafts: dict[int, Draft], hyps: dict[int, list[Hypothesis]]):
+        """Step 3's pass for the rows whose hypotheses are likely enough to hit (``successor_threshold``):
+        the clean run (uncached committed tokens + the drafts) and one block per hypothesis, branching
+        off the drafts at its accept length. Returns (the pass's job or None, the rows in it)."""
+        rows = [i for i in rows if hyps[i] and sum(h.score for h in hyps[i]) >= self.threshold]
+        if not rows:
+            return None, set()
+        c, lengths = self.committed, self.dcache.lengths
+        clean = [c[i][lengths[i]:] + drafts[i].tokens for i in rows]
+        base = [len(c[i]) - lengths[i] for i in rows]  # clean tokens before d_1
+        blocks = [[Block(b + h.accepted, h.bonus) for h in hyps[i]] for i, b in zip(rows, base)]
+        return self.drafter.start(self.dcache, rows, clean, blocks, self.B), set(rows)
+
+    def finish(self, job, logits) -> list[Draft]:
+        """The successor blocks of a hypotheses pass, in the order of its rows and hypotheses."""
+        return host_drafts(self.drafter.finish(self.dcache, job, logits, top=self.top)) if job else []
+
+    def settle(self, i: int, accepted: int, bonus: int, hyps: list[Hypothesis], mine: list[Draft]) -> int | None:
+        """Step 4 for row i (before the commit): keep the anchor and the accepted drafts in the drafter
+        cache, and the successor whose hypothesis matches (accepted, bonus) as the next draft.
+        Returns the index of that hypothesis, or None."""
+        hit = None
+        if mine:
+            self.dcache.crop(i, len(self.committed[i]) + accepted)
+            hit = matching(hyps, [s.guess for s in mine], accepted, bonus)
+            self.stats.successor_hits += hit is not None
+            self.stats.hits_by_accept[accepted] += hit is not None
+            self.stats.fallbacks += hit is None
+        self.ready[i] = mine[hit] if hit is not None else None
+        return hit
+
+
 @torch.inference_mode()
 def generate_speculative(
     target: Transformer,
@@ -155,38 +216,11 @@ def generate_speculative(
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
     K = hypotheses if drafter.dcfg.denoise_steps == 1 else 1
-    top = fanout + 1 if use_hyps else 0
     stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
                             hits_by_accept=[0] * B)
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
     gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
     longest = max(len(p) for p in prompts) + max_new_tokens
-    ready: list[Draft | None] = [None] * n  # a matched hypothesis: the next round's draft
-
-    def draft_now(rows):  # 1: one drafter pass for the rows without a ready draft
-        d = drafter.draft_blocks(dcache, rows, [committed[i][dcache.lengths[i]:-1] for i in rows],
-                                 [[Block(len(committed[i]) - 1 - dcache.lengths[i], committed[i][-1])] for i in rows],
-                                 B, top=top)
-        stats.drafter_forwards += drafter.dcfg.denoise_steps
-        return host_drafts(d)
-
-    def likeliest_outcomes(draft: Draft) -> list[Hypothesis]:  # 3: which successors to draft
-        if not use_hyps:
-            return []
-        if drafter.dcfg.denoise_steps > 1:
-            hyps = [Hypothesis(B - 1, None, draft.certainty)]
-        else:
-            hyps = outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, K, fanout)
-        return hyps
-
-    def start_hypotheses(rows, drafts, hyps):  # 3: the clean run is the committed tail + the drafts
-        rows = [i for i in rows if hyps[i] and sum(h.score for h in hyps[i]) >= successor_threshold]
-        if not rows:
-            return None, set()
-        clean = [committed[i][dcache.lengths[i]:] + drafts[i].tokens for i in rows]
-        base = [len(committed[i]) - dcache.lengths[i] for i in rows]  # clean tokens before d_1
-        blocks = [[Block(b + h.accepted, h.bonus) for h in hyps[i]] for i, b in zip(rows, base)]
-        return drafter.start(dcache, rows, clean, blocks, B), set(rows)
 
     with closing(make_overlap(overlap if use_hyps else "none", clock, target, drafter)) as ov:
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
@@ -195,25 +229,27 @@ def generate_speculative(
         seqs.begin(prefill(target, prompts, tcache, temperature, gen)[0])
         stats.target_forwards += 1
         stats.prefill_seconds = clock.now()
-        committed = seqs.committed
+        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, fanout, successor_threshold)
         rnd = 0
         while rows := out.active():
-            need = [i for i in rows if ready[i] is None]
+            # 1 draft: rows whose last round's hypotheses missed (or had none) draft now
+            need = [i for i in rows if side.ready[i] is None]
             sync_seconds = 0.0
             if need:
-                fresh, (t0, t1) = clock.timed(lambda: draft_now(need))
+                fresh, (t0, t1) = clock.timed(lambda: side.draft(need))
                 for i, d in zip(need, fresh):
-                    ready[i] = d
+                    side.ready[i] = d
                 sync_seconds = t1 - t0
                 stats.draft_seconds += sync_seconds
-            drafts = {i: ready[i] for i in rows}
-            hyps = {i: likeliest_outcomes(drafts[i]) for i in rows}
-            job, hyp_rows = start_hypotheses(rows, drafts, hyps)
+            drafts = {i: side.ready[i] for i in rows}
             draft_t = torch.tensor([drafts[i].tokens for i in rows], device=dev)
 
+            # 2 verify || 3 hypotheses
+            hyps = {i: side.likeliest_outcomes(drafts[i]) for i in rows}
+            job, hyp_rows = side.start_hypotheses(rows, drafts, hyps)
             t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact), job)
             result = seqs.judge(t_logits, draft_t, rnd)
-            successors = host_drafts(drafter.finish(dcache, job, d_logits, top=top)) if job else []
+            successors = side.finish(job, d_logits)
             stats.target_forwards += 1
             stats.verify_seconds += v_span[1] - v_span[0]
             if job is not None:
@@ -223,24 +259,18 @@ def generate_speculative(
                 stats.hidden_draft_seconds += d_span[1] - d_span[0]
                 stats.exposed_draft_seconds += max(0.0, d_span[1] - max(d_span[0], v_span[1]))
 
+            # 4 commit, and keep the successor that matches the outcome
             accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
             per_row = iter(successors)
             for j, i in enumerate(rows):
                 a, d = accepted[j], drafts[i]
                 mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
-                hit = None
-                if mine:
-                    dcache.crop(i, len(committed[i]) + a)  # keeps the anchor and the accepted drafts
-                    hit = matching(hyps[i], [s.guess for s in mine], a, bonus[j])
-                    stats.successor_hits += hit is not None
-                    stats.hits_by_accept[a] += hit is not None
-                    stats.fallbacks += hit is None
+                hit = side.settle(i, a, bonus[j], hyps[i], mine)
                 new = seqs.commit(i, d.tokens, a, bonus[j])
                 if on_round:
                     on_round(RoundInfo(rnd, i, list(d.tokens), a, bonus[j], new, i not in need,
                                        bool(mine) and hit is None, sync_seconds if i in need else 0.0, v_span,
                                        d_span if mine else None, d.certainty, hyps[i], hit))
-                ready[i] = mine[hit] if hit is not None else None
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 
