@@ -9,6 +9,8 @@ import statistics
 import time
 from pathlib import Path
 
+from d3d.files import write_json as atomic_write_json
+
 
 def machine() -> dict:
     import torch
@@ -87,8 +89,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 def write_json(path: str | None, payload: dict) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+        atomic_write_json(path, payload)
         print(f"wrote {path}")
 
 

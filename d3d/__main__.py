@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from .files import write_json
+
 DESCRIPTION = """d3d: diffusion-drafted speculative decoding (D3D) with a from-scratch Qwen3/Qwen2.
 
 commands:
@@ -314,8 +316,8 @@ def cmd_convert_gguf(args) -> int:
 
 def cmd_prune(args) -> int:
     import d3d
-    from d3d.prune import drop_layers, greedy_prune, layer_importance
     from d3d.prompts import heldout_prompts
+    from d3d.prune import drop_layers, greedy_prune, layer_importance
     from d3d.train.drafter import measure_tau
 
     target_corpus(args)
@@ -347,7 +349,7 @@ def cmd_prune(args) -> int:
     log(f"τ after removing layers {removed}: {after:.3f} ({100 * after / before:.1f}% retained)")
     # the file keeps the storage of the drafter it came from, whatever dtype the policy ran it in
     d3d.save_drafter(pruned, args.out, dtype=drafter.cfg.torch_dtype, int8=drafter.dcfg.int8_weights)
-    (Path(args.out) / "prune_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(Path(args.out) / "prune_report.json", report)
     print(json.dumps(report))
     return 0
 

@@ -16,9 +16,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
+from .files import atomic, write_json
 from .model import Transformer
 from .precision import DTYPES, resolve_dtype
-
 
 
 def parse_dtype(dtype: str | torch.dtype | None, what: str = "dtype") -> torch.dtype | None:
@@ -199,7 +199,8 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | None = None,
                max_shard_bytes: int | None = None, exclude: tuple[str, ...] = (),
-               extra: dict[str, torch.Tensor] | None = None, int8: bool = False) -> None:
+               extra: dict[str, torch.Tensor] | None = None, int8: bool = False,
+               config_extra: dict | None = None) -> None:
     """Write ``config.json`` and safetensors (sharded with an index when over ``max_shard_bytes``).
 
     ``exclude``: HF tensor names to leave out (a drafter's shared embedding, for instance).
@@ -207,6 +208,8 @@ def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | 
     integer ones kept as they are: a drafting vocabulary, a DFlash projection).
     ``int8``: store every matrix as int8 + a per-row fp32 scale (``quantize_int8``); vectors keep
     ``dtype``. Read back with ``read_state(..., int8=True)``.
+    ``config_extra``: further top-level ``config.json`` entries (a drafter's own settings).
+    Every file is written atomically (``d3d.files``).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -222,11 +225,12 @@ def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | 
     for k, v in (extra or {}).items():
         tensors[k] = v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
     cfg = model.cfg.replace(torch_dtype=str(dtype).removeprefix("torch."))
-    cfg.save(path)
+    write_json(path / "config.json", {**cfg.to_hf(), **(config_extra or {})})
     meta = {"format": "pt"}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     if max_shard_bytes is None or total <= max_shard_bytes:
-        save_file(tensors, str(path / "model.safetensors"), metadata=meta)
+        with atomic(path / "model.safetensors") as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
         return
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -240,7 +244,7 @@ def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | 
     weight_map = {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(path / fname), metadata=meta)
+        with atomic(path / fname) as tmp:
+            save_file(shard, str(tmp), metadata=meta)
         weight_map.update({name: fname for name in shard})
-    (path / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    write_json(path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import write_json
+
 # model_type -> (attention biases on q/k/v, per-head RMSNorm on q and k)
 ARCHITECTURES = {
     "qwen3": dict(attention_bias=False, qk_norm=True, hf_class="Qwen3ForCausalLM"),
@@ -201,7 +203,7 @@ class ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        path.write_text(json.dumps(self.to_hf(), indent=2) + "\n")
+        write_json(path, self.to_hf())
 
     def replace(self, **changes) -> "ModelConfig":
         d = asdict(self)

@@ -18,7 +18,6 @@ given reads the cache and the new keys side by side).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -156,10 +155,8 @@ class DFlashDrafter(nn.Module):
 def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype=None) -> None:
     path = Path(path)
     save_model(drafter.model, path, dtype=dtype, exclude=("model.embed_tokens.weight", "lm_head.weight"),
-               extra={"fc.weight": drafter.fc.weight, "hidden_norm.weight": drafter.hidden_norm.weight})
-    raw = json.loads((path / "config.json").read_text())
-    raw["dflash"] = {**asdict(drafter.dcfg), "target_layer_ids": list(drafter.dcfg.target_layer_ids)}
-    (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+               extra={"fc.weight": drafter.fc.weight, "hidden_norm.weight": drafter.hidden_norm.weight},
+               config_extra={"dflash": {**asdict(drafter.dcfg), "target_layer_ids": list(drafter.dcfg.target_layer_ids)}})
 
 
 def load_dflash(path: str | Path, target: Transformer) -> DFlashDrafter:

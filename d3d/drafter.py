@@ -26,7 +26,6 @@ which is lossless (verification decides) but caps acceptance where the target us
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -350,10 +349,8 @@ def save_drafter(drafter: Drafter, path: str | Path, dtype=None, int8: bool = Fa
     path = Path(path)
     save_model(drafter.model, path, dtype=dtype,
                exclude=("model.embed_tokens.weight", "lm_head.weight") if drafter.dcfg.shared_embeddings else (),
-               extra={DRAFT_VOCAB: drafter.vocab_map} if drafter.vocab_map is not None else None, int8=int8)
-    raw = json.loads((path / "config.json").read_text())
-    raw["d3d"] = {**asdict(drafter.dcfg), "int8_weights": int8}
-    (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+               extra={DRAFT_VOCAB: drafter.vocab_map} if drafter.vocab_map is not None else None, int8=int8,
+               config_extra={"d3d": {**asdict(drafter.dcfg), "int8_weights": int8}})
 
 
 __all__ = ["Drafter", "DrafterConfig", "DraftJob", "Block", "Drafts", "load_drafter", "save_drafter", "drafter_model_config",

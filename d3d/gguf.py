@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ModelConfig
+from .files import write_json
 
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -141,7 +142,7 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
             if (tokenizer_dir / "tokenizer_config.json").is_file() else {}
         if extra["chat_template"]:
             tok_cfg["chat_template"] = extra["chat_template"]
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        write_json(tmp / "tokenizer_config.json", tok_cfg)
         if out.is_dir():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)

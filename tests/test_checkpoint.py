@@ -1,6 +1,7 @@
 """Bad checkpoints and bad generation arguments get clear errors naming the file/argument."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +103,37 @@ def test_bad_generate_arguments(ckpt, kwargs, message):
     model = load_model(ckpt)
     with pytest.raises(ValueError, match=message):
         generate(model, **{"max_new_tokens": 4, **kwargs})
+
+
+def test_a_killed_save_keeps_the_previous_checkpoint(ckpt, tmp_path, monkeypatch):
+    """Every file is written through a temporary file and renamed (d3d.files): a save that dies
+    half-way (here: the weights writer raises after writing part of its file) leaves the previous
+    checkpoint loadable and no temporary files behind."""
+    import d3d.checkpoint as checkpoint
+    from d3d.checkpoint import save_model
+    from d3d.files import atomic, write_json
+
+    model = load_model(ckpt, dtype="float32")
+    out = tmp_path / "saved"
+    save_model(model, out)
+    before = load_model(out, dtype="float32").state_dict()
+
+    def dies_half_way(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save_file", dies_half_way)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        save_model(model, out)
+    after = load_model(out, dtype="float32").state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+    write_json(out / "summary.json", {"step": 1})
+    with pytest.raises(RuntimeError), atomic(out / "summary.json") as tmp:
+        tmp.write_text('{"step": ')
+        raise RuntimeError("killed")
+    assert json.loads((out / "summary.json").read_text()) == {"step": 1}

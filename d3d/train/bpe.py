@@ -7,10 +7,11 @@ boundaries; digits are split one by one, which helps small models with numbers.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from ..files import atomic, write_json
 
 # The special tokens the bundled models use (ids 0..3, in this order).
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
@@ -48,7 +49,8 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path, model_max_length: int) -
     """Write ``tokenizer.json`` and a ``tokenizer_config.json`` that d3d and transformers both read."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
+    with atomic(out_dir / "tokenizer.json") as tmp:
+        tok.save(str(tmp))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": "<|endoftext|>",
@@ -59,4 +61,4 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path, model_max_length: int) -
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_json(out_dir / "tokenizer_config.json", config)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from ..files import atomic
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -30,10 +31,8 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
 
 def save_atomic(obj, path: Path) -> None:
     """``torch.save`` to a temporary file, then rename: a killed save never leaves a broken file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def resumable_rows(partial: Path, total: int, chunk: int, make, what: str, per_row: int, unit: str,

@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from ..checkpoint import load_model
 from ..dflash import DFlashConfig, DFlashDrafter, save_dflash, target_layer_ids
 from ..engines import generate
+from ..files import write_json
 from ..model import apply_rope
-from ..tokenizer import Tokenizer
 from ..prompts import heldout_prompts
+from ..tokenizer import Tokenizer
 from .common import make_optimizer
 from .drafter import init_from_target_layers, labelling_model, make_training_data, pick_mask_id
 from .loop import TrainSettings, train_loop
@@ -153,7 +154,7 @@ def train_dflash(cfg: DFlashTrainConfig, resume: bool = False, log=print) -> dic
         save_dflash(drafter, out)
         summary = {"config": asdict(cfg), "trainable_parameters": n_train, "steps_done": step,
                    "train_seconds": time.perf_counter() - t0, "history": history}
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(out / "train_summary.json", summary)
 
     train_loop(drafter, optimizer, cfg, out / "training_state.pt", loss_fn, held_out, on_eval=save, resume=resume,
                log=log)

@@ -28,14 +28,15 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoint import load_model
+from ..corpus import find_corpus, read_texts, training_corpus
 from ..drafter import Drafter, DrafterConfig, draft_head, drafter_model_config, save_drafter
 from ..engines import generate
+from ..files import write_json
 from ..kernels.attention import bd3_training_mask
 from ..model import Transformer
-from ..tokenizer import Tokenizer
-from ..corpus import find_corpus, read_texts, training_corpus
 from ..precision import resolve_dtype
 from ..prompts import heldout_prompts
+from ..tokenizer import Tokenizer
 from .chat_data import chat_prompts, make_chat_training_data
 from .common import make_optimizer, resumable_rows, save_atomic
 from .loop import TrainSettings, train_loop
@@ -360,9 +361,10 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     run = train_loop(model, optimizer, cfg, out / "training_state.pt", loss_fn, held_out, resume=resume, log=log)
     model.eval().requires_grad_(False)
     save_drafter(drafter, out)
-    summary = {"config": asdict(cfg), "trainable_parameters": n_train, "tokens_seen_this_run": run.tokens_seen,
+    summary = {"config": asdict(cfg), "trainable_parameters": n_train, "steps_done": run.steps_done,
+               "tokens_seen_this_run": run.tokens_seen,
                "train_seconds_this_run": run.seconds, "losses_this_run": run.losses, "history": run.history}
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "train_summary.json", summary)
     return summary
 
 

@@ -12,7 +12,6 @@ resumed run continues exactly as an uninterrupted one would.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,10 +22,11 @@ import torch.nn.functional as F
 
 from ..checkpoint import save_model
 from ..config import ModelConfig
+from ..corpus import find_corpus, read_texts
+from ..files import write_json
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .bpe import save_tokenizer, train_bpe
-from ..corpus import find_corpus, read_texts
 from .common import make_optimizer
 from .loop import TrainSettings, train_loop
 
@@ -200,11 +200,12 @@ def train_target(cfg: TargetTrainConfig, resume: bool = False, log=print) -> dic
     summary = {"config": asdict(cfg), "parameters": mcfg.num_parameters(),
                "parameters_without_embeddings": mcfg.num_parameters(include_embeddings=False),
                "train_tokens_available": data.train.numel(), "heldout_tokens": data.heldout.numel(),
-               "tokens_seen_this_run": run.tokens_seen, "train_seconds_this_run": run.seconds,
+               "steps_done": run.steps_done, "tokens_seen_this_run": run.tokens_seen,
+               "train_seconds_this_run": run.seconds,
                "final_train_loss": run.losses[-1] if run.losses else float("nan"), "losses_this_run": run.losses,
                "heldout": final, "history": run.history,
                "threads": torch.get_num_threads()}
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "train_summary.json", summary)
     return summary
 
 
