@@ -13,7 +13,7 @@ from .files import write_json
 DESCRIPTION = """d3d: diffusion-drafted speculative decoding (D3D) with a from-scratch Qwen3/Qwen2.
 
 commands:
-  generate      generate text (default: bundled target + D3D drafter, async engine)
+  generate      generate text (default: bundled target + D3D drafter; sync on a CPU, async on CUDA)
   init          write a randomly initialised checkpoint (for trying the pipeline without weights)
   train-target  train a BPE tokenizer and pretrain a small Qwen3 on Python source
   train-drafter train a D3D block-diffusion drafter on the target's own continuations
