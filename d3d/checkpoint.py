@@ -225,7 +225,7 @@ def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | 
     for k, v in (extra or {}).items():
         tensors[k] = v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
     cfg = model.cfg.replace(torch_dtype=str(dtype).removeprefix("torch."))
-    write_json(path / "config.json", {**cfg.to_hf(), **(config_extra or {})})
+    cfg.save(path, extra=config_extra)
     meta = {"format": "pt"}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     if max_shard_bytes is None or total <= max_shard_bytes:

@@ -199,11 +199,12 @@ class ModelConfig:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
         return cls.from_hf(raw, source=str(path))
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, extra: dict | None = None) -> None:
+        """Write ``config.json`` (into ``path`` if it is a directory), with ``extra`` top-level entries."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        write_json(path, self.to_hf())
+        write_json(path, {**self.to_hf(), **(extra or {})})
 
     def replace(self, **changes) -> "ModelConfig":
         d = asdict(self)
