@@ -30,7 +30,7 @@ resume() { if [ -f "$1/training_state.pt" ]; then echo --resume; fi; }
 chunk_ended() { echo "$1: this chunk ended before the last step (state saved); run the script again"; exit 0; }
 
 target=models/target-16m
-if [ ! -f "$target/model.safetensors" ]; then
+if [ ! -f "$target/config.json" ]; then  # the committed target (one file or shards), else trained here
   target=$runs/target-16m
   if ! complete "$target"; then
     python -m d3d train-target --out "$target" --corpus python-sources --hidden-size 384 --num-layers 8 \

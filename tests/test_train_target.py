@@ -76,15 +76,16 @@ def test_resume_matches_uninterrupted_run(tmp_path):
 
 
 def test_stop_after_minutes_ends_the_chunk_with_a_saved_state(tmp_path):
-    """A wall-time chunk (0 minutes: the first step is past it) stops after one step, evaluates and
-    saves, and --resume continues from there on the same batches."""
+    """A wall-time chunk (0 minutes: the first step is past it) stops after one step, evaluates its
+    monitor windows and saves, and --resume continues from there on the same batches."""
     cfg = tiny_config(tmp_path / "b", steps=4, save_every=100, eval_every=100, stop_after_minutes=0.0)
     first = train_target(cfg, log=lambda *_: None)
     assert len(first["losses_this_run"]) == 1 and first["history"][-1]["step"] == 1
     assert torch.load(Path(cfg.out) / "training_state.pt", weights_only=False)["step"] == 1
+    assert first["heldout"] is None  # the evaluation of every held-out token waits for the last chunk
     cfg.stop_after_minutes = None
     rest = train_target(cfg, resume=True, log=lambda *_: None)
-    assert len(rest["losses_this_run"]) == 3
+    assert len(rest["losses_this_run"]) == 3 and rest["steps_done"] == 4 and rest["heldout"]["tokens"] > 0
 
 
 def test_bad_inputs(tmp_path):

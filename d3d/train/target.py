@@ -193,9 +193,11 @@ def train_target(cfg: TargetTrainConfig, resume: bool = False, log=print) -> dic
         return {"val_loss": ev["loss"], "val_bpb": ev["bits_per_byte"]}
 
     run = train_loop(model, optimizer, cfg, out / "training_state.pt", loss_fn, held_out, resume=resume, log=log)
-    final = evaluate(model, heldout_windows(data.heldout, cfg.seq_len + 1), data.token_bytes)
-    log(f"final held-out (all {final['tokens']:,} tokens): loss {final['loss']:.4f}, "
-        f"{final['bits_per_byte']:.3f} bits/byte")
+    final = None  # every held-out token: minutes on a CPU, so only once the schedule is complete
+    if run.steps_done >= cfg.steps:
+        final = evaluate(model, heldout_windows(data.heldout, cfg.seq_len + 1), data.token_bytes)
+        log(f"final held-out (all {final['tokens']:,} tokens): loss {final['loss']:.4f}, "
+            f"{final['bits_per_byte']:.3f} bits/byte")
     save_model(model.requires_grad_(False), out, dtype=cfg.save_dtype)
     summary = {"config": asdict(cfg), "parameters": mcfg.num_parameters(),
                "parameters_without_embeddings": mcfg.num_parameters(include_embeddings=False),
