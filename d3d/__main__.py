@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
 from .files import write_json
 
 DESCRIPTION = """d3d: diffusion-drafted speculative decoding (D3D) with a from-scratch Qwen3/Qwen2.
@@ -109,7 +110,6 @@ def choose_drafter(args, model):
     when it fits the model; otherwise the default is autoregressive, and the note says why.
     """
     import d3d
-    from d3d.assets import BUNDLED_DRAFTER, bundled
     from d3d.dflash import load_dflash
     from d3d.overlap import default_mode
 
@@ -124,7 +124,7 @@ def choose_drafter(args, model):
                              f"{path / 'config.json'} is a {'DFlash' if kind == 'dflash' else 'D3D'} drafter")
         return mode, (load_dflash(path, model) if kind == "dflash" else d3d.load_drafter(path, target=model)), ""
     if args.mode == "dflash":
-        raise ValueError("--mode dflash needs --drafter DIR (a DFlash drafter, e.g. models/dflash-drafter-12m)")
+        raise ValueError(f"--mode dflash needs --drafter DIR (a DFlash drafter, e.g. models/{BUNDLED_DFLASH})")
     try:
         drafter = d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=model)
     except (FileNotFoundError, ValueError) as e:
@@ -137,7 +137,6 @@ def choose_drafter(args, model):
 
 def cmd_generate(args) -> int:
     import d3d
-    from d3d.assets import BUNDLED_TARGET, bundled
 
     model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
     if not model_dir.is_dir():
@@ -362,9 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt",
                        description="Generate a continuation (or a chat reply with --chat) and stream it to stdout. "
                                    "A one-line summary goes to stderr; --json prints one JSON object instead.")
-    g.add_argument("--model", help="target checkpoint directory (default: the bundled models/target-12m)")
+    g.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
     g.add_argument("--drafter", help="drafter directory, D3D or DFlash (detected from its config.json; default: the "
-                                     "bundled models/d3d-drafter-12m when it fits the model)")
+                                     f"bundled models/{BUNDLED_DRAFTER} when it fits the model)")
     g.add_argument("--mode", choices=["ar", "sync", "async", "dflash"], default=None,
                    help="ar: one target forward per token; sync: draft then verify; async: D3D, successor "
                         "blocks for the likeliest outcomes are drafted while the current block is verified; "

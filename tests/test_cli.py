@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from d3d.__main__ import main
-from d3d.assets import BUNDLED_DRAFTER, models_dir
+from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, models_dir
 
 HAS_DRAFTER = (models_dir() / BUNDLED_DRAFTER / "config.json").exists()
 
@@ -81,9 +81,8 @@ def test_foreign_model_falls_back_to_ar_and_says_so(capsys, tmp_path):
     assert code != 0 and "--mode sync needs a drafter" in err and "--drafter DIR" in err
 
 
-@pytest.mark.skipif(not (models_dir() / "dflash-drafter-12m" / "config.json").exists(), reason="no DFlash drafter")
 def test_dflash_from_the_cli(capsys):
-    dflash = str(models_dir() / "dflash-drafter-12m")
+    dflash = str(models_dir() / BUNDLED_DFLASH)
     code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--drafter", dflash,
                             "--json"], capsys)
     obj = json.loads(out)
@@ -98,13 +97,24 @@ def test_dflash_from_the_cli(capsys):
 
 
 def _broken_copies(root):
-    """The bundled target, broken in the ways a user's checkpoint gets broken."""
+    """The bundled target, broken in the ways a user's checkpoint gets broken: from a one-file
+    fp32 copy (the bundled one may be stored in shards), and a sharded copy missing a shard."""
     import shutil
 
     import safetensors.torch as st
 
-    src = models_dir() / "target-12m"
+    import d3d
+    from d3d.assets import BUNDLED_TARGET
+
+    bundled, src = models_dir() / BUNDLED_TARGET, root / "one-file"
+    model = d3d.load_model(bundled, dtype="float32")
+    shutil.copytree(bundled, src, ignore=shutil.ignore_patterns("model*.safetensors*"))
+    d3d.save_model(model, src)
     weights = (src / "model.safetensors").read_bytes()
+    sharded = root / "missing-shard"
+    shutil.copytree(bundled, sharded, ignore=shutil.ignore_patterns("model*.safetensors*"))
+    d3d.save_model(model, sharded, max_shard_bytes=len(weights) // 2)
+    sorted(sharded.glob("model-*.safetensors"))[-1].unlink()
 
     def copy(name):
         shutil.copytree(src, root / name)
@@ -127,11 +137,12 @@ def _broken_copies(root):
 
 BAD_MODELS = {"truncated": "not a readable safetensors", "garbage": "not a readable safetensors",
               "bad-json": "not valid JSON", "unknown-type": "unknown model_type 'llama9'",
-              "wrong-shape": "has shape", "missing-tensor": "missing tensor", "no-such-dir": "not a directory"}
+              "wrong-shape": "has shape", "missing-tensor": "missing tensor", "no-such-dir": "not a directory",
+              "missing-shard": "model-00002-of-"}
 
 
 def test_bad_input_ends_in_one_clear_line(capsys, tmp_path):
-    """Eleven kinds of bad input: each one error line naming the problem, non-zero exit, no traceback."""
+    """Twelve kinds of bad input: each one error line naming the problem, non-zero exit, no traceback."""
     _broken_copies(tmp_path)
     for name, message in BAD_MODELS.items():
         code, _, err = run_cli(["generate", "--model", str(tmp_path / name), "--prompt", "x", "--mode", "ar"], capsys)
