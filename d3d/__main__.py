@@ -465,7 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "training answers (the head scores only those; needs shared embeddings)",
                      "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "
                                       "tokenizer's ids",
-                     "num_layers": "drafter layers (initialised from evenly spaced target layers)"})
+                     "num_layers": "drafter layers (initialised from evenly spaced target layers)",
+                     "teacher_chain": "--data teacher: supervise a block position only while the real tokens "
+                                      "before it in the block equal the target's greedy ones (then its label is "
+                                      "what the target would write after its own tokens)"})
     r.set_defaults(fn=cmd_train_drafter)
 
     from d3d.train.dflash import DFlashTrainConfig

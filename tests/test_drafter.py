@@ -385,6 +385,33 @@ def test_teacher_labels_are_the_targets_greedy_choices():
                                bd3_loss(*args, torch.Generator().manual_seed(3), labels=windows))
 
 
+def test_teacher_labels_are_supervised_only_along_the_greedy_chain():
+    """A position's teacher label counts only while every masked position before it in its block
+    holds the target's greedy token (visible positions may differ: the drafter sees them)."""
+    from d3d.train.drafter import bd3_loss, greedy_chain
+
+    x0 = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    labels = torch.tensor([[5, 6, 0, 8, 9, 0, 11, 12]])  # the target disagrees at 2 and 5
+    masked = torch.tensor([[1, 1, 1, 1, 0, 0, 1, 1]], dtype=torch.bool)  # block 2: 4 and 5 visible
+    assert greedy_chain(x0, labels, masked, 4).tolist() == [[True, True, True, False, True, True, True, True]]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):  # against the definition, on random blocks
+        x0, labels = torch.randint(0, 3, (2, 12), generator=gen), torch.randint(0, 3, (2, 12), generator=gen)
+        masked = torch.rand(2, 12, generator=gen) < 0.7
+        want = [[all(not masked[b, i] or x0[b, i] == labels[b, i] for i in range(j - j % 4, j)) for j in range(12)]
+                for b in range(2)]
+        assert greedy_chain(x0, labels, masked, 4).tolist() == want
+    # labels that follow the real text everywhere lose nothing; chain=False ignores disagreements
+    target = tiny_target(seed=41)
+    d = random_drafter(target, 4, seed=42)
+    windows = torch.randint(0, V_TEST, (5, 12), generator=torch.Generator().manual_seed(0))
+    wrong = (windows + 1) % V_TEST
+    args = (d.model, windows, torch.ones(5, 12), training_mask(12, 4), 4, V_TEST - 1, (0.4, 0.4, 0.2), 7.0)
+    loss = lambda **kw: bd3_loss(*args, torch.Generator().manual_seed(3), **kw)  # noqa: E731
+    torch.testing.assert_close(loss(labels=windows), loss(labels=windows, chain=False))
+    assert not torch.equal(loss(labels=wrong), loss(labels=wrong, chain=False))
+
+
 def test_pipeline_learns_from_teacher_labels(tmp_path):
     """--data teacher: windows labelled by one target pass each; the drafter learns the labels (its
     loss falls) and its speculative output equals ar. Its τ is not asserted: on this 40-step toy
