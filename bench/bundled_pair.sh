@@ -42,12 +42,14 @@ if [ ! -f "$target/config.json" ]; then  # the committed target (one file or sha
 fi
 echo "target: $target"
 
+# the same data (8,192 continuations: the cache key includes the count) and budget for both drafters
+data="--n-sequences 8192"
 budget="--steps 6000 --batch-size 8 --lr 2e-3 --warmup 100 --eval-every 500 --save-every 100 --log-every 25"
 d3d=$runs/d3d-drafter-16m
 if ! complete "$d3d"; then
   # shellcheck disable=SC2086
-  python -m d3d train-drafter --target "$target" --out "$d3d" ${D3D_ARGS:---num-layers 4 --n-sequences 8192} \
-    $budget --stop-after-minutes "$minutes" $(resume "$d3d")
+  python -m d3d train-drafter --target "$target" --out "$d3d" ${D3D_ARGS:---num-layers 4} \
+    $data $budget --stop-after-minutes "$minutes" $(resume "$d3d")
   complete "$d3d" || chunk_ended d3d
 fi
 
@@ -55,7 +57,7 @@ dflash=$runs/dflash-drafter-16m
 if ! complete "$dflash"; then
   # shellcheck disable=SC2086
   python -m d3d train-dflash --target "$target" --out "$dflash" --data-dir "$d3d/data" \
-    ${DFLASH_ARGS:---num-layers 4} $budget --stop-after-minutes "$minutes" $(resume "$dflash")
+    ${DFLASH_ARGS:---num-layers 4} $data $budget --stop-after-minutes "$minutes" $(resume "$dflash")
   complete "$dflash" || chunk_ended dflash
 fi
 
