@@ -1,6 +1,7 @@
 """Bad checkpoints and bad generation arguments get clear errors naming the file/argument."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,10 @@ def test_a_killed_save_keeps_the_previous_checkpoint(ckpt, tmp_path, monkeypatch
     out = tmp_path / "saved"
     save_model(model, out)
     before = load_model(out, dtype="float32").state_dict()
+    mask = os.umask(0o022)  # files come out readable as open() makes them (safetensors alone: 0600)
+    os.umask(mask)
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {
+        f.name: 0o666 & ~mask for f in out.iterdir()}
 
     def dies_half_way(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"\0" * 100)
