@@ -187,3 +187,15 @@ def test_train_dflash_resumes_exactly(tmp_path):
     resumed = train_dflash(cfg("split"), resume=True, log=lambda *_: None)
     assert [h["step"] for h in resumed["history"]] == [2, 4]
     assert resumed["history"][-1]["loss"] == pytest.approx(full["history"][-1]["loss"], rel=1e-5)
+
+
+def test_default_data_and_budget_equal_the_d3d_drafters():
+    """`train-dflash --data-dir DRAFTER/data` with default settings reuses the D3D drafter's cached
+    continuations (the cache key includes their count) and trains with the same budget."""
+    from d3d.train.dflash import DFlashTrainConfig
+    from d3d.train.drafter import DrafterTrainConfig
+
+    d3d_cfg, dflash_cfg = DrafterTrainConfig(target="t", out="o"), DFlashTrainConfig(target="t", out="o")
+    for name in ("n_sequences", "prompt_len", "gen_len", "seed", "corpus", "heldout_fraction", "block_size",
+                 "num_layers", "steps", "batch_size", "lr", "warmup", "gamma"):
+        assert getattr(d3d_cfg, name) == getattr(dflash_cfg, name), name

@@ -35,14 +35,12 @@ class DFlashTrainConfig(TrainSettings):
     target: str
     num_layers: int = 3
     block_size: int = 16
-    n_sequences: int = 3072
+    # data and budget as train-drafter's defaults: the baseline reuses the D3D drafter's cached
+    # continuations (--data-dir; the cache key includes the count) and trains as long
+    n_sequences: int = 4096
     prompt_len: int = 32
     gen_len: int = 224
     blocks_per_sequence: int = 8
-    batch_size: int = 8
-    steps: int = 2500
-    lr: float = 2e-3
-    warmup: int = 100
     gamma: float = 7.0
     eval_every: int = 500
     eval_prompts: int = 8
