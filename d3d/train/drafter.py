@@ -89,8 +89,9 @@ def greedy_chain(x0: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor, b
     target's own greedy tokens, so the label is the right one only if every masked position
     i < j of the block has ``x0[i] == labels[i]`` (then x0 up to j *is* the greedy chain from the
     visible context). Past the first disagreement the label is the target's choice after text it
-    would not have written — training on those taught a poor drafter (τ 1.17 vs 3.5 with
-    generated continuations on the bundled target).
+    would not have written. (What the rule buys in τ is not measured yet: on the 40-step toy
+    target of ``tests/test_drafter.py`` teacher data gave τ 1.17 — the real text itself as labels
+    1.18 — against 3.5 from generated continuations: there the text, not the labels, was the gap.)
     """
     b, L = x0.shape
     off = (masked & (x0 != labels)).view(b, L // block_size, block_size).int()
