@@ -33,9 +33,9 @@ def models_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "models"
 
 
-BUNDLED_TARGET = "target-12m"
-BUNDLED_DRAFTER = "d3d-drafter-12m"
-BUNDLED_DFLASH = "dflash-drafter-12m"
+BUNDLED_TARGET = "target-16m"
+BUNDLED_DRAFTER = "d3d-drafter-16m"
+BUNDLED_DFLASH = "dflash-drafter-16m"
 # the drafter for the real Qwen2.5-Coder-0.5B-Instruct (the target itself is not shipped: see
 # bench/get_qwen25_coder.sh)
 BUNDLED_QWEN_DRAFTER = "d3d-drafter-qwen2.5-coder-0.5b"

@@ -49,7 +49,20 @@ def test_bundled_pair_is_lossless_and_drafts_well(target):
     for mode in ("sync", "async"):
         out = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[], mode=mode, drafter=drafter)
         assert out.tokens == ar.tokens
-        assert out.stats.tau > 1.5
+        assert out.stats.tau > 1.5  # measured 1.88 on this prompt; a random drafter gets ~1.0
+
+
+def test_bundled_dflash_baseline_is_lossless(target):
+    from d3d.assets import BUNDLED_DFLASH
+    from d3d.dflash import load_dflash
+
+    dflash = load_dflash(models_dir() / BUNDLED_DFLASH, target)
+    tok = d3d.load_tokenizer(TARGET)
+    ids = tok.encode("import os\n\n\ndef read_lines(path):\n    ")
+    ar = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[])
+    out = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[], mode="dflash", drafter=dflash)
+    assert out.tokens == ar.tokens
+    assert out.stats.tau > 1.2  # measured 1.48 on this prompt; a random drafter gets ~1.0
 
 
 QWEN_DRAFTER = models_dir() / BUNDLED_QWEN_DRAFTER
@@ -95,14 +108,17 @@ def test_bundled_qwen_pair_is_lossless():
 def test_bf16_exact_mode_equals_bf16_ar():
     """bf16 with exact=True: verification rounds like AR steps, so greedy outputs are identical.
 
-    HumanEval prompt 4 is one whose plain bf16 sync output parted from AR at a near-tie when
-    measured (docs/results/cpu-fastpath/agreement_bf16.json: at token 28)."""
+    HumanEval prompt 10 and code prompt 18 (of 20) are two whose plain bf16 sync output parted
+    from AR at a near-tie when measured (docs/results/bundled-pair/agreement_bf16.json: at tokens
+    15 and 3; without exact=True they still part within these 40 tokens)."""
+    from d3d.corpus import training_corpus
     from d3d.prompts import load_prompt_set
 
     target = d3d.load_model(TARGET, dtype="bfloat16")
     drafter = d3d.load_drafter(DRAFTER, target=target)
     tok = d3d.load_tokenizer(TARGET)
-    prompts = [load_prompt_set("humaneval", tok, 5)[4], load_prompt_set("code", tok, 4, 64)[3]]
+    prompts = [load_prompt_set("humaneval", tok, 11)[10],
+               load_prompt_set("code", tok, 20, 64, corpus=training_corpus(TARGET))[18]]
     for ids in prompts:
         ar = d3d.generate(target, ids, max_new_tokens=40, stop_ids=[])
         for mode in ("sync", "async"):
