@@ -9,7 +9,8 @@
 #   1 target   models/target-16m when committed, else trained in RUNS_DIR/target-16m
 #   2 d3d      the D3D drafter on the target's own continuations   (RUNS_DIR/d3d-drafter-16m)
 #   3 dflash   the DFlash baseline on the same data, same budget    (RUNS_DIR/dflash-drafter-16m)
-#   4 eval     τ and speed of both, every mode, every prompt set     (RUNS_DIR/pair-speculative.json)
+#   4 eval     τ and speed of both, every mode, every prompt set     (RUNS_DIR/pair-speculative.json,
+#              and τ in fp32: pair-drafters-fp32.json; docs/results/bundled-pair/ has the committed run)
 #   5 prune    the pruning study on validation prompts               (RUNS_DIR/d3d-drafter-16m-pruned)
 # A stage that stops at its time limit saves its state and ends the script: run it again.
 # Drafter settings can be overridden: D3D_ARGS="--num-layers 4 ...", DFLASH_ARGS="...".
@@ -65,6 +66,10 @@ if [ ! -f "$runs/pair-speculative.json" ]; then  # the README's modes, 16 prompt
   python -m bench speculative --target "$target" --drafter "$d3d" --dflash "$dflash" --n 16 \
     --modes ar ar-fp32 sync sync+exact async async:none@0/4x1 async:none@0/8x3 async:thread@0/4x1 \
     async:packed@0/4x1 dflash --out "$runs/pair-speculative.json" --plots "$runs/pair-plots"
+fi
+if [ ! -f "$runs/pair-drafters-fp32.json" ]; then  # D3D vs DFlash τ at equal budget, fp32
+  python -m bench speculative --target "$target" --drafter "$d3d" --dflash "$dflash" --n 16 --dtype float32 \
+    --modes ar sync dflash --out "$runs/pair-drafters-fp32.json"
 fi
 
 if [ ! -f "$runs/d3d-drafter-16m-pruned/prune_report.json" ]; then
