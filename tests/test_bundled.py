@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import d3d
-from d3d.assets import BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, models_dir
+from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, models_dir
 
 TARGET = models_dir() / BUNDLED_TARGET
 DRAFTER = models_dir() / BUNDLED_DRAFTER
@@ -53,7 +53,6 @@ def test_bundled_pair_is_lossless_and_drafts_well(target):
 
 
 def test_bundled_dflash_baseline_is_lossless(target):
-    from d3d.assets import BUNDLED_DFLASH
     from d3d.dflash import load_dflash
 
     dflash = load_dflash(models_dir() / BUNDLED_DFLASH, target)
