@@ -461,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "window": "--data chat: tokens per training row (the last WINDOW of request + answer); "
                                "--data teacher: tokens per labelled window",
                      "gen_len": "tokens the target generates per prompt (chat: at most, it stops at end of turn)",
+                     "data_minutes": "--data chat: generate answers for at most M minutes in this invocation, then "
+                                     "train on every answer made so far (earlier invocations' included; the same "
+                                     "command later goes on generating where it stopped)",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
                                     "training answers (the head scores only those; needs shared embeddings)",
                      "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "

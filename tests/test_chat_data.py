@@ -70,3 +70,52 @@ def test_pick_mask_id(qwen3_tok):
         pick_mask_id(qwen3_tok, 151936, asked=200000)
     with pytest.raises(ValueError, match="no spare embedding row"):
         pick_mask_id(qwen3_tok, 151669)
+
+
+def test_answers_stop_after_minutes_and_go_on_where_they_stopped(tmp_path, monkeypatch):
+    """``--data-minutes``: generation ends at the first batch boundary past the budget with the
+    answers saved, and the next call makes only the rest; the whole equals one uninterrupted run."""
+    import torch
+
+    import d3d.train.chat_data as chat_data
+    from test_engines import tiny_target
+
+    target = tiny_target()
+    prompts = [[1 + i, 2 + i, 3] for i in range(5)]
+    whole = chat_data.generate_answers(target, prompts, [], 6, [], 2, None, tmp_path / "whole.pt", lambda *_: None)
+    assert [len(a) for a in whole] == [6] * 5
+
+    clock = iter(range(0, 10_000, 40))  # every read of the clock is 40 s later: one batch fits in a minute
+    monkeypatch.setattr(chat_data.time, "perf_counter", lambda: next(clock))
+    partial = tmp_path / "answers.partial.pt"
+    first = chat_data.generate_answers(target, prompts, [], 6, [], 2, 1.0, partial, lambda *_: None)
+    assert len(first) == 2 and torch.load(partial) == first
+    rest = chat_data.generate_answers(target, prompts, torch.load(partial), 6, [], 2, None, partial, lambda *_: None)
+    assert rest == whole and torch.load(partial) == whole
+
+
+def test_drafting_vocabulary_is_kept_when_a_run_resumes(tmp_path):
+    """The head rows a run trains follow its first vocabulary: a resumed run whose data has grown
+    must not re-rank the ids."""
+    import torch
+
+    from d3d.train.drafter import drafting_vocabulary
+
+    path, quiet = tmp_path / "draft_vocab.pt", (lambda *_: None)
+    first = drafting_vocabulary(torch.tensor([[3, 3, 5, 7]]), torch.ones(1, 4), 2, 10, path, False, quiet)
+    grown = torch.tensor([[3, 3, 5, 7, 7, 7]])
+    assert first.tolist() == [3, 7] or first.tolist() == [3, 5]
+    assert torch.equal(drafting_vocabulary(grown, torch.ones(1, 6), 2, 10, path, True, quiet), first)
+    assert drafting_vocabulary(grown, torch.ones(1, 6), 2, 10, path, False, quiet).tolist() == [3, 7]
+    with pytest.raises(ValueError, match="--draft-vocab=3"):
+        drafting_vocabulary(grown, torch.ones(1, 6), 3, 10, path, True, quiet)
+
+
+def test_chat_validation_and_evaluation_requests_are_disjoint(qwen3_tok):
+    """A trainer's τ monitor (validation) and the reported figures (evaluation) never share a
+    held-out function."""
+    from d3d.train.chat_data import chat_prompts
+
+    val = chat_prompts(qwen3_tok, None, 0.05, 16, "validation", seed=1234, templates=1)
+    ev = chat_prompts(qwen3_tok, None, 0.05, 16, "evaluation", seed=1234, templates=1)
+    assert len(val) == len(ev) == 16 and not {tuple(p) for p in val} & {tuple(p) for p in ev}

@@ -27,6 +27,7 @@ from ..model import Transformer
 from ..prompts import CHAT_TEMPLATES, code_request
 from ..tokenizer import Tokenizer
 from ..corpus import find_corpus, read_texts
+from .common import save_atomic
 
 def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
     """Header + docstring of every function with a docstring in ``texts`` (dedented, in order)."""
@@ -52,9 +53,11 @@ def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
 
 def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, split: str = "train",
                  seed: int = 0, templates: int = len(CHAT_TEMPLATES)) -> list[list[int]]:
-    """``n`` chat prompts (token ids) built from function snippets of the ``split`` files."""
+    """``n`` chat prompts (token ids) built from function snippets of the ``split`` files: "train",
+    or a held-out part — "validation" (a trainer's τ monitor, checkpoint picks), "evaluation"
+    (reported figures) or "heldout" (both; ``d3d.corpus.Corpus.part``)."""
     corpus = find_corpus(corpus_root, heldout_fraction)
-    files = {"train": corpus.train, "heldout": corpus.heldout}[split]
+    files = corpus.train if split == "train" else corpus.part(split)
     snippets = function_snippets(read_texts(files))
     if not snippets:
         raise ValueError(f"{corpus.root}: no function with a docstring in the {split} split")
@@ -81,33 +84,50 @@ def to_windows(prompts: list[list[int]], answers: list[list[int]], window: int, 
 @torch.no_grad()
 def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | None, heldout_fraction: float,
                             n_sequences: int, gen_len: int, window: int, seed: int, cache_dir: Path,
-                            batch: int = 64, log=print) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, loss_mask)`` ``[n_sequences, window]``: chat prompts + the target's greedy answers."""
+                            batch: int = 64, minutes: float | None = None, log=print
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, loss_mask)`` ``[rows, window]``: chat prompts + the target's greedy answers.
+
+    Answers are generated ``batch`` at a time and saved after each batch (an interrupted run
+    resumes where it stopped). ``minutes``: stop generating after this much wall time and return
+    the rows answered so far (all earlier invocations' included) — data in chunks that fit a
+    session; a later call with the same settings goes on from there."""
     prompts = chat_prompts(tok, corpus_root, heldout_fraction, n_sequences, "train", seed)
     key = hashlib.sha256(json.dumps([prompts, gen_len, target.cfg.to_hf()]).encode()
                          + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
     path = cache_dir / f"chat-answers-{key}.pt"
-    stops = tok.stop_token_ids()
+    partial = cache_dir / f"chat-answers-{key}.partial.pt"
     if path.is_file():
         log(f"using cached target answers {path}")
         answers = torch.load(path)
     else:
-        answers, t0, made = [], time.perf_counter(), 0
-        partial = cache_dir / f"chat-answers-{key}.partial.pt"
-        if partial.is_file():  # resume an interrupted generation
-            answers = torch.load(partial)
+        answers = torch.load(partial) if partial.is_file() else []
+        if answers:
             log(f"resuming target answers from {partial}: {len(answers)} done")
-        start = len(answers)
-        for i in range(start, n_sequences, batch):
-            out = generate(target, prompts[i: i + batch], max_new_tokens=gen_len, stop_ids=stops)
-            answers.extend(out.tokens)
-            made += sum(len(a) for a in out.tokens)
-            el, done = time.perf_counter() - t0, len(answers)
-            log(f"target answers: {done}/{n_sequences} ({made / el:.0f} answer tok/s, "
-                f"eta {el / (done - start) * (n_sequences - done):.0f} s)")
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(answers, partial)
-        torch.save(answers, path)
-        partial.unlink(missing_ok=True)
+        answers = generate_answers(target, prompts, answers, gen_len, tok.stop_token_ids(), batch, minutes, partial, log)
+        if len(answers) == n_sequences:
+            save_atomic(answers, path)
+            partial.unlink(missing_ok=True)
+        else:
+            log(f"target answers: stopping after {minutes} min with {len(answers)}/{n_sequences} done "
+                f"(saved in {partial}; the same command goes on from there); training on these")
     pad = tok.token_id("<|endoftext|>") or 0
-    return to_windows(prompts, answers, window, pad)
+    return to_windows(prompts[:len(answers)], answers, window, pad)
+
+
+def generate_answers(target: Transformer, prompts: list[list[int]], answers: list[list[int]], gen_len: int,
+                     stops, batch: int, minutes: float | None, partial: Path, log) -> list[list[int]]:
+    """Extend ``answers`` (the first ``len(answers)`` prompts' greedy answers) batch by batch,
+    saving ``partial`` after each, until every prompt is answered or ``minutes`` have passed."""
+    t0, made, start = time.perf_counter(), 0, len(answers)
+    for i in range(start, len(prompts), batch):
+        if minutes is not None and time.perf_counter() - t0 >= 60 * minutes:
+            break
+        out = generate(target, prompts[i: i + batch], max_new_tokens=gen_len, stop_ids=stops)
+        answers.extend(out.tokens)
+        made += sum(len(a) for a in out.tokens)
+        el, done = time.perf_counter() - t0, len(answers)
+        log(f"target answers: {done}/{len(prompts)} ({made / el:.0f} answer tok/s, "
+            f"eta {el / (done - start) * (len(prompts) - done):.0f} s)")
+        save_atomic(answers, partial)
+    return answers

@@ -251,6 +251,7 @@ class DrafterTrainConfig(TrainSettings):
     # "teacher": corpus windows labelled by the target at every position (one pass per window)
     teacher_chain: bool = True  # teacher labels: supervise only along the greedy chain (greedy_chain)
     window: int = 256  # chat data: tokens per training row (last `window` of prompt + answer)
+    data_minutes: float | None = None  # chat data: generate answers for at most this long, then train on those made
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
 
@@ -285,6 +286,21 @@ def frequent_ids(ids: torch.Tensor, weight: torch.Tensor, k: int, vocab_size: in
     """The ``k`` target ids most frequent where ``weight`` > 0 (sorted by id), the drafting vocabulary."""
     counts = torch.bincount(ids[weight > 0], minlength=vocab_size)
     return counts.topk(min(k, vocab_size)).indices.sort().values
+
+
+def drafting_vocabulary(ids: torch.Tensor, weight: torch.Tensor, k: int, vocab_size: int, path: Path,
+                        resume: bool, log=print) -> torch.Tensor:
+    """``frequent_ids`` of the training data, kept in ``path``: a resumed run reuses the ids it
+    started with even when its data has grown since (the trained head rows follow those ids)."""
+    if resume and path.is_file():
+        vocab_map = torch.load(path)
+        if vocab_map.numel() != min(k, vocab_size):
+            raise ValueError(f"--draft-vocab={k}: the run being resumed drafts over {vocab_map.numel()} ids ({path})")
+        log(f"drafting vocabulary: the resumed run's {vocab_map.numel()} ids ({path})")
+        return vocab_map
+    vocab_map = frequent_ids(ids, weight, k, vocab_size)
+    save_atomic(vocab_map, path)
+    return vocab_map
 
 
 def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig,
@@ -337,8 +353,9 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
     elif cfg.data == "chat":
         data, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
-                                                  cfg.gen_len, cfg.window, cfg.seed, out / "data", log=log)
-        eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "heldout", seed=1234,
+                                                  cfg.gen_len, cfg.window, cfg.seed, out / "data",
+                                                  minutes=cfg.data_minutes, log=log)
+        eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "validation", seed=1234,
                                     templates=1)
     else:
         data = make_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
@@ -350,8 +367,8 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
     vocab_map = label_map = None
     if cfg.draft_vocab:
-        vocab_map = frequent_ids(data if labels is None else labels.clamp(min=0), loss_mask, cfg.draft_vocab,
-                                 target.cfg.vocab_size)
+        vocab_map = drafting_vocabulary(data if labels is None else labels.clamp(min=0), loss_mask, cfg.draft_vocab,
+                                        target.cfg.vocab_size, out / "draft_vocab.pt", resume, log)
         label_map = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
         label_map[vocab_map] = torch.arange(vocab_map.numel())
         covered = (label_map[data if labels is None else labels.clamp(min=0)] >= 0)[loss_mask > 0].float().mean().item()
@@ -413,7 +430,7 @@ def evaluate_drafter(target_dir: str, drafter_dir: str, n_code: int = 16, n_huma
     for name, n in (("code", n_code), ("humaneval", n_humaneval)):
         try:
             if chat and name == "code":
-                prompts = chat_prompts(tok, None, 0.05, n, "heldout", seed=1234, templates=1)
+                prompts = chat_prompts(tok, None, 0.05, n, "evaluation", seed=1234, templates=1)
             else:
                 prompts = load_prompt_set(name, tok, n, chat=chat, corpus=training_corpus(target_dir))
         except FileNotFoundError as e:
