@@ -77,21 +77,29 @@ def test_answers_stop_after_minutes_and_go_on_where_they_stopped(tmp_path, monke
     answers saved, and the next call makes only the rest; the whole equals one uninterrupted run."""
     import torch
 
-    import d3d.train.chat_data as chat_data
+    import d3d.train.common as common
+    from d3d.engines import generate
     from test_engines import tiny_target
 
     target = tiny_target()
     prompts = [[1 + i, 2 + i, 3] for i in range(5)]
-    whole = chat_data.generate_answers(target, prompts, [], 6, [], 2, None, tmp_path / "whole.pt", lambda *_: None)
+
+    def answers(partial, minutes):
+        chunks = common.resumable_chunks(partial, 5, 2, lambda i, j: generate(target, prompts[i:j], 6, stop_ids=[]).tokens,
+                                         "answers", "tok", lambda rows: sum(map(len, rows)), minutes, lambda *_: None)
+        return [a for rows in chunks for a in rows]
+
+    whole = answers(tmp_path / "whole.pt", None)
     assert [len(a) for a in whole] == [6] * 5
 
     clock = iter(range(0, 10_000, 40))  # every read of the clock is 40 s later: one batch fits in a minute
-    monkeypatch.setattr(chat_data.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(common.time, "perf_counter", lambda: next(clock))
     partial = tmp_path / "answers.partial.pt"
-    first = chat_data.generate_answers(target, prompts, [], 6, [], 2, 1.0, partial, lambda *_: None)
-    assert len(first) == 2 and torch.load(partial) == first
-    rest = chat_data.generate_answers(target, prompts, torch.load(partial), 6, [], 2, None, partial, lambda *_: None)
-    assert rest == whole and torch.load(partial) == whole
+    first = answers(partial, 1.0)
+    assert len(first) == 2 and torch.load(partial) == [first]
+    monkeypatch.undo()
+    rest = answers(partial, None)
+    assert rest == whole and sum(torch.load(partial), []) == whole
 
 
 def test_drafting_vocabulary_is_kept_when_a_run_resumes(tmp_path):
@@ -102,13 +110,13 @@ def test_drafting_vocabulary_is_kept_when_a_run_resumes(tmp_path):
     from d3d.train.drafter import drafting_vocabulary
 
     path, quiet = tmp_path / "draft_vocab.pt", (lambda *_: None)
-    first = drafting_vocabulary(torch.tensor([[3, 3, 5, 7]]), torch.ones(1, 4), 2, 10, path, False, quiet)
-    grown = torch.tensor([[3, 3, 5, 7, 7, 7]])
-    assert first.tolist() == [3, 7] or first.tolist() == [3, 5]
-    assert torch.equal(drafting_vocabulary(grown, torch.ones(1, 6), 2, 10, path, True, quiet), first)
-    assert drafting_vocabulary(grown, torch.ones(1, 6), 2, 10, path, False, quiet).tolist() == [3, 7]
+    first = drafting_vocabulary(torch.tensor([[3, 3, 5, 5, 7]]), torch.ones(1, 5), 2, 10, path, False, quiet)
+    grown = torch.tensor([[3, 3, 5, 5, 7, 7, 7, 7]])  # re-ranked, the ids would be [3, 7]
+    assert first.tolist() == [3, 5]
+    assert drafting_vocabulary(grown, torch.ones(1, 8), 2, 10, path, True, quiet).tolist() == [3, 5]
+    assert drafting_vocabulary(grown, torch.ones(1, 8), 2, 10, path, False, quiet).tolist() == [3, 7]
     with pytest.raises(ValueError, match="--draft-vocab=3"):
-        drafting_vocabulary(grown, torch.ones(1, 6), 3, 10, path, True, quiet)
+        drafting_vocabulary(grown, torch.ones(1, 8), 3, 10, path, True, quiet)
 
 
 def test_chat_validation_and_evaluation_requests_are_disjoint(qwen3_tok):

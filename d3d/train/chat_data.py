@@ -17,7 +17,6 @@ import ast
 import hashlib
 import json
 import textwrap
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ from ..model import Transformer
 from ..prompts import CHAT_TEMPLATES, code_request
 from ..tokenizer import Tokenizer
 from ..corpus import find_corpus, read_texts
-from .common import save_atomic
+from .common import resumable_chunks, save_atomic
 
 def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
     """Header + docstring of every function with a docstring in ``texts`` (dedented, in order)."""
@@ -101,33 +100,16 @@ def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: st
         log(f"using cached target answers {path}")
         answers = torch.load(path)
     else:
-        answers = torch.load(partial) if partial.is_file() else []
-        if answers:
-            log(f"resuming target answers from {partial}: {len(answers)} done")
-        answers = generate_answers(target, prompts, answers, gen_len, tok.stop_token_ids(), batch, minutes, partial, log)
+        stops = tok.stop_token_ids()
+        chunks = resumable_chunks(
+            partial, n_sequences, batch,
+            lambda i, j: generate(target, prompts[i:j], max_new_tokens=gen_len, stop_ids=stops).tokens,
+            "target answers", "answer tok", lambda rows: sum(map(len, rows)), minutes, log)
+        answers = [a for rows in chunks for a in rows]
         if len(answers) == n_sequences:
             save_atomic(answers, path)
             partial.unlink(missing_ok=True)
         else:
-            log(f"target answers: stopping after {minutes} min with {len(answers)}/{n_sequences} done "
-                f"(saved in {partial}; the same command goes on from there); training on these")
+            log(f"training on the {len(answers)} answers made so far")
     pad = tok.token_id("<|endoftext|>") or 0
     return to_windows(prompts[:len(answers)], answers, window, pad)
-
-
-def generate_answers(target: Transformer, prompts: list[list[int]], answers: list[list[int]], gen_len: int,
-                     stops, batch: int, minutes: float | None, partial: Path, log) -> list[list[int]]:
-    """Extend ``answers`` (the first ``len(answers)`` prompts' greedy answers) batch by batch,
-    saving ``partial`` after each, until every prompt is answered or ``minutes`` have passed."""
-    t0, made, start = time.perf_counter(), 0, len(answers)
-    for i in range(start, len(prompts), batch):
-        if minutes is not None and time.perf_counter() - t0 >= 60 * minutes:
-            break
-        out = generate(target, prompts[i: i + batch], max_new_tokens=gen_len, stop_ids=stops)
-        answers.extend(out.tokens)
-        made += sum(len(a) for a in out.tokens)
-        el, done = time.perf_counter() - t0, len(answers)
-        log(f"target answers: {done}/{len(prompts)} ({made / el:.0f} answer tok/s, "
-            f"eta {el / (done - start) * (len(prompts) - done):.0f} s)")
-        save_atomic(answers, partial)
-    return answers

@@ -37,21 +37,35 @@ def save_atomic(obj, path: Path) -> None:
 
 def resumable_rows(partial: Path, total: int, chunk: int, make, what: str, per_row: int, unit: str,
                    log=print) -> torch.Tensor:
-    """Rows ``[0, total)`` of a slow-to-make dataset, ``make(i, j)`` -> rows i..j-1, ``chunk`` rows
-    at a time; every chunk is saved to ``partial`` (atomically), so a killed job resumes where it
-    stopped. Progress: ``per_row`` ``unit``s per row (tokens generated, labels, ...)."""
+    """Rows ``[0, total)`` of a slow-to-make dataset, ``make(i, j)`` -> rows i..j-1 (a tensor),
+    ``chunk`` rows at a time, resumable (``resumable_chunks``). Progress: ``per_row`` ``unit``s per
+    row (tokens generated, labels, ...)."""
+    return torch.cat(resumable_chunks(partial, total, chunk, make, what, unit, lambda rows: len(rows) * per_row,
+                                      log=log))
+
+
+def resumable_chunks(partial: Path, total: int, chunk: int, make, what: str, unit: str, count,
+                     minutes: float | None = None, log=print) -> list:
+    """The chunks ``make(i, j)`` (rows i..j-1, anything with a length) of rows ``[0, total)``, ``chunk``
+    rows at a time; every chunk is saved to ``partial`` (atomically), so a killed job resumes where
+    it stopped. ``minutes``: stop at the first chunk boundary past this wall time (the chunks made
+    so far are returned; a later call goes on from there). Progress: ``count(chunk)`` ``unit``s."""
     done_chunks = torch.load(partial) if partial.is_file() else []
     done0 = sum(len(x) for x in done_chunks)
     if done0:
         log(f"resuming {what} from {partial}: {done0}/{total} rows done")
-    t0 = time.perf_counter()
+    t0, made = time.perf_counter(), 0
     for i in range(done0, total, chunk):
+        if minutes is not None and time.perf_counter() - t0 >= 60 * minutes:
+            log(f"{what}: stopping after {minutes} min with {i}/{total} rows done (saved in {partial}; "
+                f"the same call goes on from there)")
+            break
         done_chunks.append(make(i, min(i + chunk, total)))
+        made += count(done_chunks[-1])
         done, el = min(i + chunk, total), time.perf_counter() - t0
-        log(f"{what}: {done}/{total} ({(done - done0) * per_row / el:.0f} {unit}/s, "
-            f"eta {el / (done - done0) * (total - done):.0f} s)")
+        log(f"{what}: {done}/{total} ({made / el:.0f} {unit}/s, eta {el / (done - done0) * (total - done):.0f} s)")
         save_atomic(done_chunks, partial)
-    return torch.cat(done_chunks)
+    return done_chunks
 
 
 def save_training_state(path: Path, model, optimizer, step: int, extra: dict) -> None:
