@@ -246,8 +246,9 @@ class Transformer(nn.Module):
             ``layout``; with ``cache`` their K/V are appended and ``cache.lengths`` advance.
             A ``[B, S]`` input with a cache is packed for you (S new tokens per row).
         Dense (training): ``input_ids`` ``[B, S]`` with no cache and no layout — a causal
-            forward, or ``attn_mask`` (bool ``[S, S]``, True = may attend) with ``positions``
-            (``[S]``, default ``arange(S)``) for other layouts such as the BD3 training mask.
+            forward, or ``attn_mask`` (bool ``[S, S]``, or ``[B, S, S]`` per row; True = may
+            attend) with ``positions`` (``[S]`` or ``[B, S]``, default ``arange(S)``) for other
+            layouts such as the BD3 training mask.
         logits_index: ``[M]`` indices into the (flattened) tokens whose logits are wanted.
         hidden_layers: layer indices whose outputs are returned too (0 = embeddings, i = after
             layer i), in the order asked (repeats allowed), for DFlash-style conditioning.
@@ -260,7 +261,9 @@ class Transformer(nn.Module):
         if dense:
             B, S = input_ids.shape
             pos = torch.arange(S, device=input_ids.device) if positions is None else positions
-            cos, sin = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)  # broadcast over [B, S, heads, D]
+            cos, sin = cos[pos].unsqueeze(-2), sin[pos].unsqueeze(-2)  # broadcast over [B, S, heads, D]
+            if attn_mask is not None and attn_mask.dim() == 3:
+                attn_mask = attn_mask.unsqueeze(1)  # [B, 1, S, S]: the same mask for every head
         else:
             if attn_mask is not None or positions is not None:
                 raise ValueError("attn_mask/positions are for dense [B, S] passes; packed passes use a layout")
