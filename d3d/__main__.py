@@ -469,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "
                                       "tokenizer's ids",
                      "num_layers": "drafter layers (initialised from evenly spaced target layers)",
+                     "soft_labels": "k > 0: label every position with the target's top-k next-token distribution "
+                                    "(one more target pass per training row, cached in OUT/data) and train on the "
+                                    "cross-entropy to it instead of the hard token (--data chat or windows)",
                      "teacher_chain": "--data teacher: supervise a block position only while the real tokens "
                                       "before it in the block equal the target's greedy ones (then its label is "
                                       "what the target would write after its own tokens)"})

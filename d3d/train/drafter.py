@@ -40,6 +40,7 @@ from ..tokenizer import Tokenizer
 from .bd3_compact import compact_layout, grouped_batch, kept_length, length_order
 from .chat_data import chat_prompts, make_chat_training_data
 from .common import make_optimizer, resumable_rows, save_atomic
+from .soft_labels import make_soft_labels, soft_cross_entropy
 from .loop import TrainSettings, train_loop
 from .target import token_stream
 
@@ -103,7 +104,8 @@ def greedy_chain(x0: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor, b
 def bd3_loss(model: Transformer, x0: torch.Tensor, loss_mask: torch.Tensor, attn_mask: torch.Tensor,
              block_size: int, mask_id: int, mix, gamma: float, gen: torch.Generator,
              label_map: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-             chain: bool = True, compact: bool = True) -> torch.Tensor:
+             chain: bool = True, compact: bool = True,
+             soft: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Weighted cross-entropy on the masked positions of ``x_t`` (see the module docstring).
 
     loss_mask: ``[L]`` or ``[batch, L]`` (1 where a token is supervised). label_map: ``[V]``
@@ -111,7 +113,9 @@ def bd3_loss(model: Transformer, x0: torch.Tensor, loss_mask: torch.Tensor, attn
     labels: ``[batch, L]`` what each position should predict (default ``x0`` itself; teacher
     forcing: the target's greedy token after ``x0[:, :j]``, supervised only along the greedy
     chain (``greedy_chain``) unless ``chain`` is False). compact: leave out the positions no
-    supervised logit depends on (``bd3_compact``; the same loss, fewer positions).
+    supervised logit depends on (``bd3_compact``; the same loss, fewer positions). soft: ``(ids,
+    probs)`` ``[batch, L, k]``, the target's top-k distribution at each position
+    (``soft_labels``): the cross-entropy to it replaces the hard label's.
     """
     b, L = x0.shape
     xt, weight = noise_blocks(x0, block_size, mask_id, mix, gamma, gen)
@@ -127,7 +131,10 @@ def bd3_loss(model: Transformer, x0: torch.Tensor, loss_mask: torch.Tensor, attn
         ids, positions = torch.cat([xt, x0], dim=1), torch.arange(L).repeat(2)
         rows = sel // L * (2 * L) + sel % L  # index of each selected x_t position in the [b, 2L] input
     logits = model(ids, attn_mask=attn_mask, positions=positions, logits_index=rows)
-    ce = F.cross_entropy(logits.float(), labels.flatten()[sel], reduction="none")
+    if soft is None:
+        ce = F.cross_entropy(logits.float(), labels.flatten()[sel], reduction="none")
+    else:
+        ce = soft_cross_entropy(logits, soft[0].flatten(0, 1)[sel], soft[1].flatten(0, 1)[sel], label_map)
     w = weight.flatten()[sel]
     return (ce * w).sum() / w.sum()
 
@@ -256,6 +263,7 @@ class DrafterTrainConfig(TrainSettings):
     teacher_chain: bool = True  # teacher labels: supervise only along the greedy chain (greedy_chain)
     window: int = 256  # chat data: tokens per training row (last `window` of prompt + answer)
     data_minutes: float | None = None  # chat data: generate answers for at most this long, then train on those made
+    soft_labels: int = 0  # k > 0: train on the target's top-k distributions (one more target pass per row)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
 
@@ -366,6 +374,13 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
                                   cfg.gen_len, cfg.seed, out / "data", log=log)
         loss_mask = (torch.arange(data.shape[1]) >= cfg.prompt_len).float().expand_as(data)  # continuations only
         eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
+    soft = None
+    if cfg.soft_labels:
+        if cfg.data == "teacher":
+            raise ValueError("--soft-labels needs the target's own text (--data chat or windows), not --data teacher")
+        # a chat row's tokens end with its answer; the right padding after it is never a label
+        lengths = (loss_mask * torch.arange(1, data.shape[1] + 1)).amax(1).long()
+        soft = make_soft_labels(labeller, data, lengths, cfg.soft_labels, out / "data", log=log)
     del labeller
     L = data.shape[1]
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
@@ -398,9 +413,10 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     def loss_fn(step, gen):
         idx = (torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen) if order is None
                else grouped_batch(order, cfg.batch_size, gen))
-        return bd3_loss(model, data[idx], loss_mask[idx], attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
+        loss = bd3_loss(model, data[idx], loss_mask[idx], attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
                         cfg.mix, cfg.gamma, gen, label_map, None if labels is None else labels[idx].clamp(min=0),
-                        cfg.teacher_chain), cfg.batch_size * L
+                        cfg.teacher_chain, soft=None if soft is None else (soft[0][idx], soft[1][idx]))
+        return loss, cfg.batch_size * L
 
     def held_out(step):
         ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size,
