@@ -10,8 +10,10 @@ Modes: ar, sync, dflash (the DFlash baseline drafter), async (the device's defau
 async:none / async:thread / async:stream / async:packed (how the hypotheses pass runs beside
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their
 estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
-fan-out (``d3d.hypotheses``); +exact verifies with row-invariant attention (bf16 output equal to
-ar bit for bit). Example: ``async:none@0/8x3+exact``.
+fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
+with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); +exact verifies
+with row-invariant attention (bf16 output equal to ar bit for bit). Example: ``async:none@0/8x3+exact``,
+``sync~0.05``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -43,13 +45,13 @@ from .common import compare_table, load_json, machine, markdown_table, write_jso
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
-                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(\+(?P<flag>\w+))?$")
+                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(\+(?P<flag>\w+))?$")
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
-        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][+exact]")
+        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact]")
     name, overlap, threshold, flags = m["name"], m["overlap"], m["threshold"], m["flag"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
@@ -64,6 +66,8 @@ def run_mode(target, drafter, prompt, mode: str, args):
         kw["hypotheses"] = int(m["k"])
     if m["f"]:
         kw["fanout"] = int(m["f"])
+    if m["likely"]:
+        kw["verify_min_prob"] = float(m["likely"])
     if flags == "exact":
         kw["exact"] = True
     elif flags:
@@ -75,7 +79,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
 
 def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
-               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "per_prompt_tok_s": [], "identical": 0,
+               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [], "identical": 0,
                "hits_by_accept": None, "hypotheses": 0, "passes": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
@@ -102,6 +106,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["hidden_draft_s"] += s.hidden_draft_seconds
             a["exposed_draft_s"] += s.exposed_draft_seconds
             a["verify_s"] += s.verify_seconds
+            a["verified"] += s.verified_drafts
             a["hypotheses"] += s.hypotheses
             a["passes"] += s.successor_passes
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
@@ -119,7 +124,8 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      hidden_draft_seconds=a["hidden_draft_s"], verify_seconds=a["verify_s"],
                      critical_draft_seconds=a["draft_s"] + a["exposed_draft_s"],
                      hypotheses_per_round=a["hypotheses"] / a["rounds"],
-                     hypothesis_pass_rate=a["passes"] / a["rounds"])
+                     hypothesis_pass_rate=a["passes"] / a["rounds"],
+                     verified_drafts_per_round=a["verified"] / a["rounds"])
             if a["hits_by_accept"]:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r

@@ -161,7 +161,7 @@ def cmd_generate(args) -> int:
                        mode=mode, drafter=drafter, block_size=args.block_size,
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact,
-                       hypotheses=args.hypotheses, fanout=args.fanout)
+                       hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -387,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--successor-threshold", type=float, default=None,
                    help="async: draft hypotheses only when the drafter's estimate of their total probability "
                         "(that one of them hits) is at least this (0 = always; default: the device's choice)")
+    g.add_argument("--verify-min-prob", type=float, default=0.0, metavar="P",
+                   help="sync/async: verify only the leading drafts the drafter believes in jointly with "
+                        "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
+                        "pays where each costs real time (a CPU without AMX) and the drafter is weak")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

@@ -115,6 +115,7 @@ def generate(
     exact: bool = False,
     hypotheses: int | None = None,
     fanout: int | None = None,
+    verify_min_prob: float = 0.0,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -130,6 +131,8 @@ def generate(
         (``d3d.overlap.async_defaults``).
     exact: speculative modes on CPU verify with row-invariant attention: greedy output then equals
         ``ar`` token for token in bf16 too, at about +30-50% verification cost (``generate_speculative``).
+    verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
+        at least this probability (0: all; ``generate_speculative``).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -165,6 +168,8 @@ def generate(
     successor_threshold = chosen.threshold if successor_threshold is None else successor_threshold
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
+    if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
+        raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
     for name, value in (("hypotheses", hypotheses), ("fanout", fanout)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}={value!r}: must be an integer >= 1")
@@ -172,7 +177,7 @@ def generate(
         raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
                          "not 'packed' (its joint pass attends all rows at once)")
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
-                                on_round, overlap, successor_threshold, exact, hypotheses, fanout)
+                                on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob)
 
 
 MODES = ("ar", "sync", "async", "dflash")

@@ -30,6 +30,7 @@ class GenerationStats:
     block_size: int = 0
     rounds: int = 0  # verification rounds, summed over sequences
     accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = rounds that accepted a drafts
+    verified_drafts: int = 0  # drafts the target verified, summed over rounds and sequences
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
     hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences

@@ -76,6 +76,20 @@ class Draft:
             p *= c
         return p
 
+    def likely_length(self, min_prob: float) -> int:
+        """How many leading drafts the drafter believes in jointly with probability >= ``min_prob``
+        (its estimate that verification accepts all of them)."""
+        p, n = 1.0, 0
+        for c in self.confidence:
+            p *= c
+            if p < min_prob:
+                break
+            n += 1
+        return n
+
+    def truncated(self, n: int) -> "Draft":
+        return Draft(self.tokens[:n], self.confidence[:n], self.top_ids[:n], self.top_probs[:n], self.guess)
+
 
 def host_drafts(d: "Drafts") -> list[Draft]:
     """Blocks ``[lead, d_1..d_n]`` of a drafting call as host ``Draft``s (one read-back)."""
@@ -101,13 +115,13 @@ class Sequences:
             self.out.commit(i, [t])
 
     def verification(self, rows: list[int], drafts: torch.Tensor, exact: bool = False) -> Verification:
-        """The target pass over ``[anchor, drafts]`` of every row (``drafts`` [N, B-1] on the device)."""
+        """The target pass over ``[anchor, drafts]`` of every row (``drafts`` [N, n] on the device, n < B)."""
         anchors = torch.tensor([[self.committed[i][-1]] for i in rows], device=self.target.device)
-        layout = self.tcache.layout([self.B] * len(rows), rows, row_invariant=exact)
+        layout = self.tcache.layout([drafts.shape[1] + 1] * len(rows), rows, row_invariant=exact)
         return Verification(self.target, torch.cat([anchors, drafts], 1).flatten(), layout, self.tcache)
 
     def judge(self, logits: torch.Tensor, drafts: torch.Tensor, rnd: int):
-        return accept(drafts, logits.view(drafts.shape[0], self.B, -1), temperature=self.temperature,
+        return accept(drafts, logits.view(drafts.shape[0], drafts.shape[1] + 1, -1), temperature=self.temperature,
                       seed=self.seed * 1_000_003 + rnd)
 
     def commit(self, i: int, draft: list[int], a: int, bonus: int) -> list[int]:
@@ -147,7 +161,7 @@ class Drafting:
         if not self.use_hyps:
             return []
         if self.drafter.dcfg.denoise_steps > 1:  # its later steps re-run whole blocks: all-accepted only
-            return [Hypothesis(self.B - 1, None, draft.certainty)]
+            return [Hypothesis(len(draft.tokens), None, draft.certainty)]
         return outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, self.K, self.fanout)
 
     def start_hypotheses(self, rows: list[int], drafts: dict[int, Draft], hyps: dict[int, list[Hypothesis]]):
@@ -200,6 +214,7 @@ def generate_speculative(
     exact: bool = False,
     hypotheses: int = 1,
     fanout: int = 1,
+    verify_min_prob: float = 0.0,
 ) -> GenerationOutput:
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
 
@@ -212,6 +227,10 @@ def generate_speculative(
     ``overlap``: how the hypotheses pass runs beside verification (``d3d.overlap``).
     ``exact``: verification attends one query row at a time, as AR steps do, so that greedy output
     equals AR bit for bit in low precision too (``KVCache.layout(row_invariant=)``).
+    ``verify_min_prob``: verify only the leading drafts the drafter believes in jointly with at
+    least this probability (the longest such run over the batch's rows; ``Draft.likely_length``):
+    where a verified row costs real time (a CPU without AMX) a weak drafter's long tail of
+    unlikely drafts is not worth its rows. 0 verifies every draft. Lossless either way.
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
@@ -242,7 +261,11 @@ def generate_speculative(
                 sync_seconds = t1 - t0
                 stats.draft_seconds += sync_seconds
             drafts = {i: side.ready[i] for i in rows}
-            draft_t = torch.tensor([drafts[i].tokens for i in rows], device=dev)
+            if verify_min_prob > 0:
+                n_verify = max(drafts[i].likely_length(verify_min_prob) for i in rows)
+                drafts = {i: d.truncated(n_verify) for i, d in drafts.items()}
+            stats.verified_drafts += len(rows) * len(drafts[rows[0]].tokens)
+            draft_t = torch.tensor([drafts[i].tokens for i in rows], dtype=torch.long, device=dev).view(len(rows), -1)
 
             # 2 verify || 3 hypotheses
             hyps = {i: side.likeliest_outcomes(drafts[i]) for i in rows}
@@ -320,6 +343,7 @@ def generate_dflash(
         accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
         stats.target_forwards += 1
         stats.verify_seconds += v_span[1] - v_span[0]
+        stats.verified_drafts += len(rows) * (B - 1)
         # context grows by the anchor + accepted drafts of each row
         keep = torch.cat([torch.arange(j * B, j * B + a + 1, device=dev) for j, a in enumerate(accepted)])
         drafter.append_context(ccache, rows, [h.index_select(0, keep) for h in hidden], [a + 1 for a in accepted])

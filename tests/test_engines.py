@@ -149,6 +149,33 @@ def test_greedy_equals_ar(mode, kind, block_size):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("min_prob", [0.05, 0.3, 1.0])
+def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
+    """verify_min_prob: the target verifies only the drafts the drafter believes in (the longest
+    such run over the batch) — fewer verified rows, the same output; 1.0 verifies none (AR steps)."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    full = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter)
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
+                   verify_min_prob=min_prob)
+    assert out.tokens == full.tokens == reference(target, PROMPTS, 30)
+    per_round = out.stats.verified_drafts / out.stats.rounds
+    assert full.stats.verified_drafts == 4 * full.stats.rounds and per_round < 4
+    if min_prob == 1.0:
+        assert out.stats.verified_drafts == 0 and out.stats.tau == 1.0
+    with pytest.raises(ValueError, match="verify_min_prob=1.5"):
+        generate(target, PROMPTS, max_new_tokens=3, mode=mode, drafter=drafter, verify_min_prob=1.5)
+
+
+def test_likely_length_is_the_run_believed_in_jointly():
+    from d3d.speculative import Draft
+
+    d = Draft([5, 6, 7, 8], [0.9, 0.5, 0.9, 0.1], [[5], [6], [7], [8]], [[0.9], [0.5], [0.9], [0.1]])
+    assert [d.likely_length(p) for p in (0.0, 0.9, 0.45, 0.4, 0.04, 0.95)] == [4, 1, 2, 3, 4, 0]
+    assert d.truncated(2).tokens == [5, 6] and d.truncated(2).top_probs == [[0.9], [0.5]]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_batch_one_each_prompt_alone(mode):
     target = tiny_target(seed=3)
     drafter = random_drafter(target, 5, seed=4)
@@ -288,22 +315,24 @@ def chi2(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(stat), int(keep.sum()) + (1 if rest_e > 0 else 0) - 1
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "async/4x2"])
+@pytest.mark.parametrize("mode", ["sync", "async", "async/4x2", "sync/likely"])
 def test_sampling_follows_the_target_distribution(mode, monkeypatch):
     """At T > 0 the output follows the target's distribution; async/4x2 drafts 4 outcome
     hypotheses (2 bonus candidates per accept length), and a hit is used only when it matches the
-    *sampled* bonus."""
+    *sampled* bonus; sync/likely verifies only the drafts the drafter believes in (verify_min_prob)."""
     vocab, n = 6, 4000
     target = tiny_target(seed=11, vocab=vocab, std=0.5)
     drafter = random_drafter(target, 3, seed=12)
     prompt = [1, 2]
     p2, p3 = exact_marginals(target, prompt, vocab)
     mode, _, hyps = mode.partition("/")
-    kw = dict(hypotheses=4, fanout=2) if hyps else {}
+    kw = dict(hypotheses=4, fanout=2) if hyps == "4x2" else dict(verify_min_prob=0.3) if hyps else {}
     out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], mode=mode,
                    drafter=drafter, **kw)
-    if hyps:
+    if hyps == "4x2":
         assert out.stats.successor_hits > 100  # hypotheses were used for some of the third tokens
+    if hyps == "likely":  # some rounds verified fewer than the block's 2 drafts, some all
+        assert 0.5 * out.stats.rounds < out.stats.verified_drafts < 2 * out.stats.rounds
     toks = torch.tensor(out.tokens)
     for col, probs in ((1, p2), (2, p3)):
         stat, dof = chi2(toks[:, col], probs)
