@@ -40,6 +40,7 @@ import d3d
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
 from d3d.corpus import training_corpus
 from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
+from d3d.train.chat_data import chat_prompts
 
 from .common import compare_table, load_json, machine, markdown_table, write_json
 
@@ -147,7 +148,8 @@ def main(argv=None) -> dict:
                          "reported (and listed in the JSON), never installed")
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
     ap.add_argument("--validation", action="store_true",
-                    help="code prompts from the validation files, for choosing settings (K, F, thresholds); "
+                    help="code prompts from the validation files, for choosing settings (K, F, thresholds; with "
+                         "--chat: requests built from their functions, as the drafter trainer's τ monitor asks); "
                          "every reported figure uses the evaluation files (the default)")
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per code prompt")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -169,7 +171,7 @@ def main(argv=None) -> dict:
         args.sets = list(CHAT_SETS if args.chat else PROMPT_SETS)
     if args.validation and args.sets != ["code"]:
         ap.error("--validation: only the code set has a validation split (pass --sets code)")
-    if args.chat and set(args.sets) - set(CHAT_SETS):
+    if args.chat and set(args.sets) - set(CHAT_SETS) and not args.validation:
         ap.error(f"--chat: sets {sorted(set(args.sets) - set(CHAT_SETS))} are raw text; chat sets: {', '.join(CHAT_SETS)}")
     if "ar" not in args.modes:
         args.modes.insert(0, "ar")
@@ -196,8 +198,12 @@ def main(argv=None) -> dict:
     corpus = training_corpus(target_dir)  # code prompts from the evaluation files of the target's own corpus
     for name in args.sets:
         try:
-            prompts = (heldout_prompts(tok, corpus, 0.05, args.n, args.prompt_len, part="validation") if args.validation
-                       else load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat, corpus=corpus))
+            if args.validation and args.chat:
+                prompts = chat_prompts(tok, corpus, 0.05, args.n, "validation", seed=1234, templates=1)
+            elif args.validation:
+                prompts = heldout_prompts(tok, corpus, 0.05, args.n, args.prompt_len, part="validation")
+            else:
+                prompts = load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat, corpus=corpus)
         except FileNotFoundError as e:
             missing[name] = str(e)
             print(f"prompt set {name!r} unavailable: {e}", file=sys.stderr)
