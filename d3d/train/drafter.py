@@ -352,6 +352,10 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         raise ValueError(f"--data={cfg.data!r}: expected 'windows', 'chat' or 'teacher'")
     if cfg.data in ("chat", "teacher") and cfg.window % cfg.block_size:
         raise ValueError(f"--window ({cfg.window}) must be a multiple of --block-size ({cfg.block_size})")
+    if cfg.soft_labels < 0:
+        raise ValueError(f"--soft-labels={cfg.soft_labels}: must be >= 0 (0: hard labels)")
+    if cfg.soft_labels and cfg.data == "teacher":
+        raise ValueError("--soft-labels needs the target's own text (--data chat or windows), not --data teacher")
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
@@ -375,10 +379,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         loss_mask = (torch.arange(data.shape[1]) >= cfg.prompt_len).float().expand_as(data)  # continuations only
         eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
     soft = None
-    if cfg.soft_labels:
-        if cfg.data == "teacher":
-            raise ValueError("--soft-labels needs the target's own text (--data chat or windows), not --data teacher")
-        # a chat row's tokens end with its answer; the right padding after it is never a label
+    if cfg.soft_labels:  # a chat row's tokens end with its answer; the right padding after it is never a label
         lengths = (loss_mask * torch.arange(1, data.shape[1] + 1)).amax(1).long()
         soft = make_soft_labels(labeller, data, lengths, cfg.soft_labels, out / "data", log=log)
     del labeller
