@@ -18,7 +18,7 @@ import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .model import Transformer
-from .overlap import OVERLAPS, async_defaults, default_overlap
+from .overlap import OVERLAPS, async_defaults, default_overlap, default_verify_min_prob
 from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
 
@@ -115,7 +115,7 @@ def generate(
     exact: bool = False,
     hypotheses: int | None = None,
     fanout: int | None = None,
-    verify_min_prob: float = 0.0,
+    verify_min_prob: float | None = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -132,7 +132,8 @@ def generate(
     exact: speculative modes on CPU verify with row-invariant attention: greedy output then equals
         ``ar`` token for token in bf16 too, at about +30-50% verification cost (``generate_speculative``).
     verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
-        at least this probability (0: all; ``generate_speculative``).
+        at least this probability (0: all; ``generate_speculative``); None = the device's measured
+        default (``d3d.overlap.default_verify_min_prob``: 0.05 on a CPU, 0 on CUDA).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -168,6 +169,7 @@ def generate(
     successor_threshold = chosen.threshold if successor_threshold is None else successor_threshold
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
+    verify_min_prob = default_verify_min_prob(model.device) if verify_min_prob is None else verify_min_prob
     if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
         raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
     for name, value in (("hypotheses", hypotheses), ("fanout", fanout)):

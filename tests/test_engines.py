@@ -152,10 +152,11 @@ def test_greedy_equals_ar(mode, kind, block_size):
 @pytest.mark.parametrize("min_prob", [0.05, 0.3, 1.0])
 def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     """verify_min_prob: the target verifies only the drafts the drafter believes in (the longest
-    such run over the batch) — fewer verified rows, the same output; 1.0 verifies none (AR steps)."""
+    such run over the batch) — fewer verified rows, the same output; 1.0 verifies none (AR steps);
+    the CPU default is 0.05 (``default_verify_min_prob``)."""
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
-    full = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter)
+    full = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, verify_min_prob=0)
     out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
                    verify_min_prob=min_prob)
     assert out.tokens == full.tokens == reference(target, PROMPTS, 30)
@@ -163,6 +164,9 @@ def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     assert full.stats.verified_drafts == 4 * full.stats.rounds and per_round < 4
     if min_prob == 1.0:
         assert out.stats.verified_drafts == 0 and out.stats.tau == 1.0
+    default = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter)
+    assert default.stats.verified_drafts == generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode,
+                                                     drafter=drafter, verify_min_prob=0.05).stats.verified_drafts
     with pytest.raises(ValueError, match="verify_min_prob=1.5"):
         generate(target, PROMPTS, max_new_tokens=3, mode=mode, drafter=drafter, verify_min_prob=1.5)
 

@@ -90,8 +90,8 @@ def batch_generator(seed: int, step: int) -> torch.Generator:
 class Progress:
     """One line per report: step, loss, tokens/s, elapsed and ETA."""
 
-    def __init__(self, total_steps: int, start_step: int = 0, out=sys.stderr):
-        self.total, self.start, self.out = total_steps, start_step, out
+    def __init__(self, total_steps: int, start_step: int = 0, out=None):
+        self.total, self.start, self.out = total_steps, start_step, out  # None: sys.stderr when printing
         self.t0 = time.perf_counter()
 
     def report(self, step: int, tokens: int, **fields) -> str:
@@ -102,7 +102,7 @@ class Progress:
             f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items()]
         parts += [f"{tokens / max(elapsed, 1e-9):.0f} tok/s", f"elapsed {_hms(elapsed)}", f"eta {_hms(eta)}"]
         line = " | ".join(parts)
-        print(line, file=self.out, flush=True)
+        print(line, file=self.out or sys.stderr, flush=True)
         return line
 
 
