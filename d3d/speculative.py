@@ -4,7 +4,8 @@ A D3D round, for every active sequence:
 
     1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
                   outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)]
-    2 verify      one target pass over [anchor, d_1..d_(B-1)]; ``accept`` gives (a, bonus)
+    2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
+                  with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``)
     3 hypotheses  async only, beside 2 (``d3d.overlap``): one drafter pass that appends the drafts
                   to the drafter's cache and drafts a successor block for each of the K likeliest
                   outcomes (``d3d.hypotheses``), every block branching off the drafts at its own a
