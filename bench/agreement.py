@@ -23,7 +23,7 @@ import d3d
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
 from d3d.precision import auto_dtype
 from d3d.corpus import training_corpus
-from d3d.prompts import PROMPT_SETS, load_prompt_set
+from d3d.prompts import CHAT_SETS, PROMPT_SETS, load_prompt_set
 
 from .common import machine, markdown_table, write_json
 
@@ -49,8 +49,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--modes", nargs="+", default=["sync", "async", "sync+exact"],
                     help="speculative modes; +exact: row-invariant verification (must always agree)")
+    ap.add_argument("--chat", action="store_true",
+                    help="ask the prompts as user turns in the target's chat format (humaneval, mtbench) and stop at "
+                         "its end-of-turn token, as an instruction-tuned model is used")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
+    if args.chat and set(args.sets) - set(CHAT_SETS):
+        ap.error(f"--chat: sets {sorted(set(args.sets) - set(CHAT_SETS))} are raw text; chat sets: {', '.join(CHAT_SETS)}")
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
     drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
     target = d3d.load_model(target_dir, dtype=args.dtype)
@@ -60,19 +65,23 @@ def main(argv=None) -> dict:
     dtype = str(target.dtype).removeprefix("torch.")
     print(f"{dtype} (policy: {auto_dtype('cpu').dtype}); sets {args.sets}, {args.n} prompts each", file=sys.stderr)
 
+    stops = tok.stop_token_ids() if args.chat else []
     rows, divergences = [], []
     for name in args.sets:
-        for i, prompt in enumerate(load_prompt_set(name, tok, args.n, args.prompt_len,
-                                                         corpus=training_corpus(target_dir))):
-            ar = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[]).tokens[0]
+        for i, prompt in enumerate(load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat,
+                                                   corpus=training_corpus(target_dir))):
+            ar = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=stops).tokens[0]
             for mode in args.modes:
                 name_, _, flag = mode.partition("+")
-                spec = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=[], mode=name_,
+                spec = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=stops, mode=name_,
                                     drafter=drafter, exact=flag == "exact").tokens[0]
                 same = spec == ar
                 rows.append({"set": name, "prompt": i, "mode": mode, "identical": same})
                 if not same:
-                    k = next(j for j, (x, y) in enumerate(zip(ar, spec)) if x != y)
+                    k = next((j for j, (x, y) in enumerate(zip(ar, spec)) if x != y), None)
+                    if k is None:  # one output is a prefix of the other: a stop token at a length cap
+                        raise SystemExit(f"{name} prompt {i}: {mode} and ar differ only in length "
+                                         f"({len(spec)} vs {len(ar)} tokens) — not a near-tie; a bug")
                     prefix = prompt + ar[:k]
                     divergences.append({"set": name, "prompt": i, "mode": mode, "position": k,
                                         "ar_token": ar[k], "spec_token": spec[k],

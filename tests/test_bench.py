@@ -181,3 +181,16 @@ def test_target_completions_that_loop_are_counted():
             {"parses": False, "ended": True, "completion": "    return (\n"},
             {"parses": True, "ended": True, "completion": loop}]
     assert completion_rates(rows) == {"parse_rate": 0.75, "loop_rate": 0.5, "sensible_rate": 0.25}
+
+
+def test_agreement_smoke(tiny_pair, tmp_path):
+    out = tmp_path / "agree.json"
+    bench_main(["agreement", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
+                "--n", "1", "--new-tokens", "5", "--sets", "code", "--modes", "sync", "--dtype", "float32",
+                "--out", str(out)])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    assert payload["summary"]["sync"] == {"prompts": 1, "identical": 1, "agreement": 1.0}  # fp32: equal to ar
+    with pytest.raises(SystemExit):  # raw-text sets cannot be asked as chat turns
+        bench_main(["agreement", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
+                    "--chat", "--sets", "code"])
