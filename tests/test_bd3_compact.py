@@ -89,3 +89,33 @@ def test_grouped_batches_draw_every_row_equally_often_from_similar_lengths():
     assert counts.min() > 45 and counts.max() < 120
     # ties are broken in a fixed random order, not the file's (consecutive rows are often related)
     assert length_order(torch.zeros(100)).tolist() != list(range(100))
+
+
+def test_chat_training_draws_length_grouped_batches(tmp_path, monkeypatch):
+    """train-drafter --data chat samples rows with grouped_batch and trains through the compacted
+    pass (chat data and requests stubbed: the tiny target's tokenizer has no chat format)."""
+    import d3d.train.drafter as trainer
+    from d3d.train.drafter import DrafterTrainConfig, train_drafter
+    from d3d.train.target import train_target
+    from test_train_target import tiny_config
+
+    tcfg = tiny_config(tmp_path, steps=5, hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=2,
+                       intermediate_size=128, vocab_size=320, max_positions=256)
+    train_target(tcfg, log=lambda *_: None)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 300, (40, 32), generator=gen)
+    mask = torch.zeros(40, 32)
+    for i in range(40):  # answers of different lengths after prompts of different lengths
+        start = int(torch.randint(2, 20, (1,), generator=gen))
+        mask[i, start: start + int(torch.randint(1, 32 - start, (1,), generator=gen))] = 1
+    monkeypatch.setattr(trainer, "make_chat_training_data", lambda *a, **kw: (ids, mask))
+    monkeypatch.setattr(trainer, "chat_prompts", lambda *a, **kw: [[11, 12, 13]] * 2)
+    drawn = []
+    real = trainer.grouped_batch
+    monkeypatch.setattr(trainer, "grouped_batch", lambda *a, **kw: drawn.append(real(*a, **kw)) or drawn[-1])
+    cfg = DrafterTrainConfig(target=tcfg.out, out=str(tmp_path / "drafter"), corpus=tcfg.corpus, data="chat",
+                             heldout_fraction=tcfg.heldout_fraction, num_layers=1, block_size=4, window=32,
+                             batch_size=4, steps=6, eval_every=6, eval_prompts=2, eval_new_tokens=8, log_every=100,
+                             save_every=100)
+    summary = train_drafter(cfg, log=lambda *_: None)
+    assert len(drawn) == 6 and all(torch.isfinite(torch.tensor(summary["losses_this_run"])))
