@@ -104,9 +104,9 @@ class Sequences:
     """The committed tokens, output and target cache of every sequence, and the verification step
     every speculative engine shares (build the pass, accept, commit)."""
 
-    def __init__(self, target: Transformer, prompts: list[list[int]], block_size: int, out: Output,
-                 stats: GenerationStats, tcache, temperature: float, seed: int):
-        self.target, self.B, self.out, self.stats, self.tcache = target, block_size, out, stats, tcache
+    def __init__(self, target: Transformer, prompts: list[list[int]], out: Output, stats: GenerationStats, tcache,
+                 temperature: float, seed: int):
+        self.target, self.out, self.stats, self.tcache = target, out, stats, tcache
         self.committed = [list(p) for p in prompts]
         self.temperature, self.seed = temperature, seed
 
@@ -245,7 +245,7 @@ def generate_speculative(
     with closing(make_overlap(overlap if use_hyps else "none", clock, target, drafter)) as ov:
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1, longest + (K + 2) * B + 2)
-        seqs = Sequences(target, prompts, B, out, stats, tcache, temperature, seed)
+        seqs = Sequences(target, prompts, out, stats, tcache, temperature, seed)
         seqs.begin(prefill(target, prompts, tcache, temperature, gen)[0])
         stats.target_forwards += 1
         stats.prefill_seconds = clock.now()
@@ -326,7 +326,7 @@ def generate_dflash(
     tcache, ccache = target.new_cache(n, longest + B + 1), drafter.new_cache(n, longest + B + 1)
     gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
     layers = drafter.hidden_layers
-    seqs = Sequences(target, prompts, B, out, stats, tcache, temperature, seed)
+    seqs = Sequences(target, prompts, out, stats, tcache, temperature, seed)
     first, hidden = prefill(target, prompts, tcache, temperature, gen, hidden_layers=layers)
     drafter.append_context(ccache, list(range(n)), hidden, [len(p) for p in prompts])
     seqs.begin(first)

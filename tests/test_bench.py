@@ -51,7 +51,6 @@ def test_speculative_smoke(tiny_pair, tmp_path):
     k3 = payload["results"]["code"]["async:none@0/3x2"]
     assert 0 < k3["hypotheses_per_round"] <= 3 and len(k3["hit_rate_by_accept"]) == 4
     assert payload["results"]["code"]["sync"]["verified_drafts_per_round"] == 3  # B - 1
-    assert 0 <= payload["results"]["code"]["sync~1"]["verified_drafts_per_round"] <= 3  # the engine tests count it
     assert all(reason for reason in payload["missing_sets"].values())
     assert "| code | sync |" in readme_table(str(out))
     bench_main(["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),

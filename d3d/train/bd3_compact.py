@@ -7,11 +7,11 @@ row's last supervised block on, are attended by nothing that is supervised: leav
 changes no supervised logit, hence neither the loss nor its gradient (tests assert both).
 
 Chat rows gain most: a prompt is context, not supervision, and short rows are right-padded. On
-the Qwen2.5-Coder chat data (5,600 rows of 256 tokens, 46% of them supervised) a row keeps 316
-of its 512 positions on average; a batch of 8 pads to its longest row, 404 positions when rows
-are drawn at random and 320 when drawn from 128 rows of similar length (``grouped_batch``): a
-training step of the 2-layer drafter took 1.30x / 1.62x less time on average than the full pass
-(docs/results/qwen-drafter/compact_probe.json, 8 steps each, interleaved).
+the Qwen2.5-Coder chat data (5,600 rows of 256 tokens) a batch of 8 pads to its longest row: 404
+of 512 positions a row when rows are drawn at random, 320 when drawn from 128 rows of similar
+length (``grouped_batch``); a training step of the 2-layer drafter took 1.30x / 1.62x less time
+on average than the full pass (docs/results/qwen-drafter/compact_probe.json, 8 steps each,
+interleaved).
 """
 
 from __future__ import annotations
