@@ -11,9 +11,11 @@ async:none / async:thread / async:stream / async:packed (how the hypotheses pass
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their
 estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
 fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
-with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); +exact verifies
+with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); ^N lets a row
+whose drafter believed in nothing and accepted nothing take up to N plain steps (``max_pause``; the
+JSON's plain_steps, which are not rounds and not in τ); +exact verifies
 with row-invariant attention (bf16 output equal to ar bit for bit). Example: ``async:none@0/8x3+exact``,
-``sync~0.05``.
+``sync~0.05^4``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -46,13 +48,14 @@ from .common import compare_table, load_json, machine, markdown_table, write_jso
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
-                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(\+(?P<flag>\w+))?$")
+                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(\^(?P<pause>\d+))?"
+                  r"(\+(?P<flag>\w+))?$")
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
-        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact]")
+        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][^MAX_PAUSE][+exact]")
     name, overlap, threshold, flags = m["name"], m["overlap"], m["threshold"], m["flag"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
@@ -69,6 +72,8 @@ def run_mode(target, drafter, prompt, mode: str, args):
         kw["fanout"] = int(m["f"])
     if m["likely"]:
         kw["verify_min_prob"] = float(m["likely"])
+    if m["pause"]:
+        kw["max_pause"] = int(m["pause"])
     if flags == "exact":
         kw["exact"] = True
     elif flags:
@@ -80,7 +85,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
 
 def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
-               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [], "identical": 0,
+               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "plain": 0, "per_prompt_tok_s": [], "identical": 0,
                "hits_by_accept": None, "hypotheses": 0, "passes": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
@@ -108,6 +113,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["exposed_draft_s"] += s.exposed_draft_seconds
             a["verify_s"] += s.verify_seconds
             a["verified"] += s.verified_drafts
+            a["plain"] += s.plain_steps
             a["hypotheses"] += s.hypotheses
             a["passes"] += s.successor_passes
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
@@ -126,7 +132,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      critical_draft_seconds=a["draft_s"] + a["exposed_draft_s"],
                      hypotheses_per_round=a["hypotheses"] / a["rounds"],
                      hypothesis_pass_rate=a["passes"] / a["rounds"],
-                     verified_drafts_per_round=a["verified"] / a["rounds"])
+                     verified_drafts_per_round=a["verified"] / a["rounds"], plain_steps=a["plain"])
             if a["hits_by_accept"]:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r
@@ -143,9 +149,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--target", help="target directory (default: bundled)")
     ap.add_argument("--drafter", help="drafter directory (default: bundled)")
     ap.add_argument("--dflash", help="DFlash drafter directory for the 'dflash' mode (default: bundled, if present)")
-    ap.add_argument("--sets", nargs="+", default=None, choices=PROMPT_SETS,
-                    help="prompt sets (default: all; with --chat: humaneval mtbench); a missing optional set is "
-                         "reported (and listed in the JSON), never installed")
+    ap.add_argument("--sets", nargs="+", default=None, choices=PROMPT_SETS + ("explain",),
+                    help="prompt sets (default: all; with --chat: humaneval mtbench; 'explain' only with --chat "
+                         "--validation: requests for a prose explanation of a validation function); a missing "
+                         "optional set is reported (and listed in the JSON), never installed")
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
     ap.add_argument("--validation", action="store_true",
                     help="code prompts from the validation files, for choosing settings (K, F, thresholds; with "
@@ -169,8 +176,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.sets is None:
         args.sets = list(CHAT_SETS if args.chat else PROMPT_SETS)
-    if args.validation and args.sets != ["code"]:
-        ap.error("--validation: only the code set has a validation split (pass --sets code)")
+    if args.validation and set(args.sets) - {"code", "explain"}:
+        ap.error("--validation: only the code set (and, with --chat, explain) has a validation split")
+    if "explain" in args.sets and not (args.validation and args.chat):
+        ap.error("--sets explain: validation requests in the chat format only (add --chat --validation)")
     if args.chat and set(args.sets) - set(CHAT_SETS) and not args.validation:
         ap.error(f"--chat: sets {sorted(set(args.sets) - set(CHAT_SETS))} are raw text; chat sets: {', '.join(CHAT_SETS)}")
     if "ar" not in args.modes:
@@ -199,7 +208,8 @@ def main(argv=None) -> dict:
     for name in args.sets:
         try:
             if args.validation and args.chat:
-                prompts = chat_prompts(tok, corpus, 0.05, args.n, "validation", seed=1234, templates=1)
+                prompts = chat_prompts(tok, corpus, 0.05, args.n, "validation", seed=1234, templates=1,
+                                       explain=name == "explain")
             elif args.validation:
                 prompts = heldout_prompts(tok, corpus, 0.05, args.n, args.prompt_len, part="validation")
             else:

@@ -137,6 +137,17 @@ def code_request(code: str, template: int = 0) -> list[dict]:
     return [{"role": "user", "content": CHAT_TEMPLATES[template].format(code=code)}]
 
 
+EXPLAIN_TEMPLATE = "Explain in a few sentences of plain English what this Python function does:\n\n```python\n{code}```"
+
+
+def explain_request(code: str) -> list[dict]:
+    """One user message asking for a prose explanation of ``code``: answers a code drafter is
+    weak on (validation requests for settings that matter when drafts fail, e.g. ``max_pause``)."""
+    if not code.endswith("\n"):
+        code += "\n"
+    return [{"role": "user", "content": EXPLAIN_TEMPLATE.format(code=code)}]
+
+
 def load_prompt_set(name: str, tok: Tokenizer, n: int, prompt_len: int = 64, chat: bool = False,
                     corpus: str | None = None) -> list[list[int]]:
     """Token ids of ``n`` prompts of set ``name``; ``chat``: as user turns in the model's chat format

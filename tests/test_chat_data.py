@@ -127,3 +127,19 @@ def test_chat_validation_and_evaluation_requests_are_disjoint(qwen3_tok):
     val = chat_prompts(qwen3_tok, None, 0.05, 16, "validation", seed=1234, templates=1)
     ev = chat_prompts(qwen3_tok, None, 0.05, 16, "evaluation", seed=1234, templates=1)
     assert len(val) == len(ev) == 16 and not {tuple(p) for p in val} & {tuple(p) for p in ev}
+
+
+def test_explain_requests_ask_for_prose_about_the_same_validation_functions(qwen3_tok):
+    """``explain=True``: the validation functions asked about in prose (bench's --sets explain), no
+    function of the evaluation split among them."""
+    from d3d.prompts import EXPLAIN_TEMPLATE
+    from d3d.train.chat_data import chat_prompts
+
+    code = [qwen3_tok.decode(p) for p in chat_prompts(qwen3_tok, None, 0.05, 4, "validation", seed=1234, templates=1)]
+    prose = [qwen3_tok.decode(p) for p in chat_prompts(qwen3_tok, None, 0.05, 4, "validation", seed=1234,
+                                                       templates=1, explain=True)]
+    ev = {qwen3_tok.decode(p).split("```python")[1]
+          for p in chat_prompts(qwen3_tok, None, 0.05, 16, "evaluation", seed=1234, templates=1)}
+    for c, p in zip(code, prose):
+        assert EXPLAIN_TEMPLATE.split("\n")[0] in p and "Complete the following" not in p
+        assert c.split("```python")[1] == p.split("```python")[1] and p.split("```python")[1] not in ev

@@ -23,7 +23,7 @@ import torch
 
 from ..engines import generate
 from ..model import Transformer
-from ..prompts import CHAT_TEMPLATES, code_request
+from ..prompts import CHAT_TEMPLATES, code_request, explain_request
 from ..tokenizer import Tokenizer
 from ..corpus import find_corpus, read_texts
 from .common import resumable_chunks, save_atomic
@@ -51,10 +51,11 @@ def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
 
 
 def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, split: str = "train",
-                 seed: int = 0, templates: int = len(CHAT_TEMPLATES)) -> list[list[int]]:
+                 seed: int = 0, templates: int = len(CHAT_TEMPLATES), explain: bool = False) -> list[list[int]]:
     """``n`` chat prompts (token ids) built from function snippets of the ``split`` files: "train",
     or a held-out part — "validation" (a trainer's τ monitor, checkpoint picks), "evaluation"
-    (reported figures) or "heldout" (both; ``d3d.corpus.Corpus.part``)."""
+    (reported figures) or "heldout" (both; ``d3d.corpus.Corpus.part``). ``explain``: ask for a
+    prose explanation of each function (``explain_request``) instead of its code."""
     corpus = find_corpus(corpus_root, heldout_fraction)
     files = corpus.train if split == "train" else corpus.part(split)
     snippets = function_snippets(read_texts(files))
@@ -64,6 +65,8 @@ def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: floa
     order = torch.randperm(len(snippets), generator=gen).tolist()
     picks = [snippets[order[i % len(order)]] for i in range(n)]
     kinds = torch.randint(0, templates, (n,), generator=gen).tolist()
+    if explain:
+        return [tok.encode_chat(explain_request(s)) for s in picks]
     return [tok.encode_chat(code_request(s, k)) for s, k in zip(picks, kinds)]
 
 
