@@ -11,11 +11,9 @@ async:none / async:thread / async:stream / async:packed (how the hypotheses pass
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their
 estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
 fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
-with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); ^N lets a row
-whose drafter believed in nothing and accepted nothing take up to N plain steps (``max_pause``; the
-JSON's plain_steps, which are not rounds and not in τ); +exact verifies
+with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); +exact verifies
 with row-invariant attention (bf16 output equal to ar bit for bit). Example: ``async:none@0/8x3+exact``,
-``sync~0.05^4``.
+``sync~0.05``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -48,14 +46,13 @@ from .common import compare_table, load_json, machine, markdown_table, write_jso
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
-                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(\^(?P<pause>\d+))?"
-                  r"(\+(?P<flag>\w+))?$")
+                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(\+(?P<flag>\w+))?$")
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
-        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][^MAX_PAUSE][+exact]")
+        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact]")
     name, overlap, threshold, flags = m["name"], m["overlap"], m["threshold"], m["flag"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
@@ -72,8 +69,6 @@ def run_mode(target, drafter, prompt, mode: str, args):
         kw["fanout"] = int(m["f"])
     if m["likely"]:
         kw["verify_min_prob"] = float(m["likely"])
-    if m["pause"]:
-        kw["max_pause"] = int(m["pause"])
     if flags == "exact":
         kw["exact"] = True
     elif flags:
@@ -85,7 +80,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
 
 def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
-               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "plain": 0, "per_prompt_tok_s": [], "identical": 0,
+               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [], "identical": 0,
                "hits_by_accept": None, "hypotheses": 0, "passes": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
@@ -113,7 +108,6 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["exposed_draft_s"] += s.exposed_draft_seconds
             a["verify_s"] += s.verify_seconds
             a["verified"] += s.verified_drafts
-            a["plain"] += s.plain_steps
             a["hypotheses"] += s.hypotheses
             a["passes"] += s.successor_passes
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
@@ -132,7 +126,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      critical_draft_seconds=a["draft_s"] + a["exposed_draft_s"],
                      hypotheses_per_round=a["hypotheses"] / a["rounds"],
                      hypothesis_pass_rate=a["passes"] / a["rounds"],
-                     verified_drafts_per_round=a["verified"] / a["rounds"], plain_steps=a["plain"])
+                     verified_drafts_per_round=a["verified"] / a["rounds"])
             if a["hits_by_accept"]:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r

@@ -47,13 +47,6 @@ def positive_int(s: str) -> int:
     return v
 
 
-def nonnegative_int(s: str) -> int:
-    v = int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {s}")
-    return v
-
-
 class Explainer:
     """``--explain``: one block per round — draft, accepted prefix, bonus, timing overlap."""
 
@@ -71,9 +64,8 @@ class Explainer:
         accepted = self._paint(piece(info.draft[:a]), "32", "[{}]") if a else ""
         rejected = self._paint(piece(info.draft[a:]), "31;9", "~{}~") if a < len(info.draft) else ""
         bonus = self._paint(piece([info.bonus]), "1;33", "<{}>")
-        source = ("paused: a plain step, the drafter believed in nothing last round (--max-pause)" if info.plain
-                  else "ready: a hypothesis of the previous round hit" if info.successor_used
-                  else f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
+        source = "ready: a hypothesis of the previous round hit" if info.successor_used else (
+            f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         lines = [f"round {info.round}: accepted {a}/{len(info.draft)} + bonus ({source})",
                  f"  {accepted}{rejected}  bonus {bonus}",
@@ -169,8 +161,7 @@ def cmd_generate(args) -> int:
                        mode=mode, drafter=drafter, block_size=args.block_size,
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact,
-                       hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
-                       max_pause=args.max_pause)
+                       hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -401,11 +392,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
                         "pays where each costs real time (a CPU) and the drafter is weak (default: the device's "
                         "measured choice, 0.05 on a CPU, 0 on CUDA; d3d/overlap.py)")
-    g.add_argument("--max-pause", type=nonnegative_int, default=None, metavar="N",
-                   help="sync/async: after a round in which the drafter believed in none of its drafts (under "
-                        "--verify-min-prob) and none was accepted, take 1, 2, 4 ... up to N plain steps before "
-                        "drafting again (0 = never; lossless either way; default: the device's measured choice, "
-                        "d3d/overlap.py)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

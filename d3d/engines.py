@@ -18,7 +18,7 @@ import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .model import Transformer
-from .overlap import OVERLAPS, async_defaults, default_max_pause, default_overlap, default_verify_min_prob
+from .overlap import OVERLAPS, async_defaults, default_overlap, default_verify_min_prob
 from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
 
@@ -116,7 +116,6 @@ def generate(
     hypotheses: int | None = None,
     fanout: int | None = None,
     verify_min_prob: float | None = None,
-    max_pause: int | None = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -135,10 +134,6 @@ def generate(
     verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
         at least this probability (0: all; ``generate_speculative``); None = the device's measured
         default (``d3d.overlap.default_verify_min_prob``: 0.05 on a CPU, 0 on CUDA).
-    max_pause: sync/async: a row whose drafter believed in none of its drafts (under
-        ``verify_min_prob``) and whose round accepted none takes up to this many plain steps before
-        drafting again (``d3d.speculative.Pauses``; 0: never); None = the device's measured default
-        (``d3d.overlap.default_max_pause``).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -177,9 +172,6 @@ def generate(
     verify_min_prob = default_verify_min_prob(model.device) if verify_min_prob is None else verify_min_prob
     if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
         raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
-    max_pause = default_max_pause(model.device) if max_pause is None else max_pause
-    if not isinstance(max_pause, int) or isinstance(max_pause, bool) or max_pause < 0:
-        raise ValueError(f"max_pause={max_pause!r}: must be an integer >= 0")
     for name, value in (("hypotheses", hypotheses), ("fanout", fanout)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}={value!r}: must be an integer >= 1")
@@ -187,8 +179,7 @@ def generate(
         raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
                          "not 'packed' (its joint pass attends all rows at once)")
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
-                                on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob,
-                                max_pause)
+                                on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob)
 
 
 MODES = ("ar", "sync", "async", "dflash")

@@ -31,7 +31,6 @@ class GenerationStats:
     rounds: int = 0  # verification rounds, summed over sequences
     accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = rounds that accepted a drafts
     verified_drafts: int = 0  # drafts the target verified, summed over rounds and sequences
-    plain_steps: int = 0  # steps (x sequences) a paused row took without a draft: not rounds, not in tau
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
     hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences

@@ -237,15 +237,6 @@ def default_verify_min_prob(device: torch.device) -> float:
     return 0.0 if device.type == "cuda" else 0.05
 
 
-def default_max_pause(device: torch.device) -> int:
-    """``max_pause`` of a device: plain steps a row takes after rounds in which its drafter believed
-    in nothing and nothing was accepted (``d3d.speculative.Pauses``).
-
-    CPU: 0 for now (to be chosen on validation requests). CUDA: 0 (drafting beside a memory-bound
-    verification costs little; unmeasured)."""
-    return 0
-
-
 def default_mode(device: torch.device) -> str:
     """The speculative mode ``python -m d3d generate`` uses with a D3D drafter: async on CUDA,
     sync on a CPU, where async measured slower than sync in every setting (``async_defaults``)."""
@@ -262,4 +253,4 @@ def closing(overlap: Serial):
 
 __all__ = ["OVERLAPS", "Verification", "Serial", "Threaded", "Streamed", "Packed", "SideStream", "make_overlap",
            "default_overlap", "packed_pair", "closing", "AsyncSettings", "async_defaults", "default_mode",
-           "default_verify_min_prob", "default_max_pause"]
+           "default_verify_min_prob"]

@@ -57,7 +57,6 @@ class RoundInfo:
     confidence: float  # drafter's product of confidences over this draft
     hypotheses: list[Hypothesis] = field(default_factory=list)  # async: the likeliest outcomes (drafted if draft_span)
     hit: int | None = None  # async: index of the hypothesis that matched the outcome
-    plain: bool = False  # a paused row's plain step (``max_pause``): ``draft`` is filler, not the drafter's
 
 
 @dataclass
@@ -91,39 +90,6 @@ class Draft:
 
     def truncated(self, n: int) -> "Draft":
         return Draft(self.tokens[:n], self.confidence[:n], self.top_ids[:n], self.top_probs[:n], self.guess)
-
-    @staticmethod
-    def filler(token: int, n: int) -> "Draft":
-        """The stand-in of a row taking a plain step in a batch that verifies n drafts: any token is a
-        lossless draft (verification judges it like any other); ``token`` is the row's anchor."""
-        return Draft([token] * n, [0.0] * n, [[] for _ in range(n)], [[] for _ in range(n)])
-
-
-class Pauses:
-    """Plain steps for rows whose drafter believes in nothing (``max_pause``).
-
-    A drafted round is a *miss* when the drafter believed in none of its drafts
-    (``likely_length(verify_min_prob) == 0``: it verified no draft) and the round accepted none, and
-    no hypothesis left the next draft ready: the drafting pass bought nothing. After the k-th
-    miss in a row the row takes min(2^(k-1), ``max_pause``) plain steps (no drafting: its round
-    verifies the anchor alone, or filler drafts when other rows verify some), then drafts again.
-    Where the drafter is out of its depth (prose for a code drafter) drafting stops costing time;
-    where it is confident it never pauses. With ``verify_min_prob = 0`` every draft is believed
-    in, so no row pauses."""
-
-    def __init__(self, n: int, max_pause: int):
-        self.max_pause, self.left, self.misses = max_pause, [0] * n, [0] * n
-
-    def plain(self, rows: list[int]) -> set[int]:
-        """The rows taking a plain step this round."""
-        return {i for i in rows if self.left[i] > 0}
-
-    def settle(self, i: int, plain: bool, miss: bool) -> None:
-        if plain:
-            self.left[i] -= 1
-            return
-        self.misses[i] = self.misses[i] + 1 if miss else 0
-        self.left[i] = min(2 ** (self.misses[i] - 1), self.max_pause) if miss else 0
 
 
 def host_drafts(d: "Drafts") -> list[Draft]:
@@ -159,15 +125,11 @@ class Sequences:
         return accept(drafts, logits.view(drafts.shape[0], drafts.shape[1] + 1, -1), temperature=self.temperature,
                       seed=self.seed * 1_000_003 + rnd)
 
-    def commit(self, i: int, draft: list[int], a: int, bonus: int, plain: bool = False) -> list[int]:
-        """Commit the accepted drafts and the bonus of sequence i; the target cache keeps the accepted.
-        A ``plain`` step (no draft of the drafter's) is counted apart from the rounds (τ is the drafter's)."""
+    def commit(self, i: int, draft: list[int], a: int, bonus: int) -> list[int]:
+        """Commit the accepted drafts and the bonus of sequence i; the target cache keeps the accepted."""
         new = draft[:a] + [bonus]
-        if plain:
-            self.stats.plain_steps += 1
-        else:
-            self.stats.rounds += 1
-            self.stats.accept_hist[a] += 1
+        self.stats.rounds += 1
+        self.stats.accept_hist[a] += 1
         self.tcache.crop(i, len(self.committed[i]) + a)  # anchor + accepted drafts join the cached prefix
         self.committed[i].extend(new)
         self.out.commit(i, new)
@@ -254,7 +216,6 @@ def generate_speculative(
     hypotheses: int = 1,
     fanout: int = 1,
     verify_min_prob: float = 0.0,
-    max_pause: int = 0,
 ) -> GenerationOutput:
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
 
@@ -271,8 +232,6 @@ def generate_speculative(
     least this probability (the longest such run over the batch's rows; ``Draft.likely_length``):
     where a verified row costs real time (a CPU without AMX) a weak drafter's long tail of
     unlikely drafts is not worth its rows. 0 verifies every draft. Lossless either way.
-    ``max_pause``: a row whose drafter believed in none of its drafts and whose round accepted
-    none takes up to this many plain steps before it drafts again (``Pauses``; 0: never pauses).
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
@@ -291,12 +250,10 @@ def generate_speculative(
         stats.target_forwards += 1
         stats.prefill_seconds = clock.now()
         side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, fanout, successor_threshold)
-        pauses = Pauses(n, max_pause)
         rnd = 0
         while rows := out.active():
             # 1 draft: rows whose last round's hypotheses missed (or had none) draft now
-            plain = pauses.plain(rows)
-            need = [i for i in rows if side.ready[i] is None and i not in plain]
+            need = [i for i in rows if side.ready[i] is None]
             sync_seconds = 0.0
             if need:
                 fresh, (t0, t1) = clock.timed(lambda: side.draft(need))
@@ -304,16 +261,15 @@ def generate_speculative(
                     side.ready[i] = d
                 sync_seconds = t1 - t0
                 stats.draft_seconds += sync_seconds
-            drafts = {i: side.ready[i] for i in rows if i not in plain}
-            believed = {i: d.likely_length(verify_min_prob) for i, d in drafts.items()}
-            n_verify = max(believed.values(), default=0)
-            drafts = {i: drafts[i].truncated(n_verify) if i in drafts
-                      else Draft.filler(seqs.committed[i][-1], n_verify) for i in rows}
-            stats.verified_drafts += len(rows) * n_verify
+            drafts = {i: side.ready[i] for i in rows}
+            if verify_min_prob > 0:
+                n_verify = max(drafts[i].likely_length(verify_min_prob) for i in rows)
+                drafts = {i: d.truncated(n_verify) for i, d in drafts.items()}
+            stats.verified_drafts += len(rows) * len(drafts[rows[0]].tokens)
             draft_t = torch.tensor([drafts[i].tokens for i in rows], dtype=torch.long, device=dev).view(len(rows), -1)
 
             # 2 verify || 3 hypotheses
-            hyps = {i: [] if i in plain else side.likeliest_outcomes(drafts[i]) for i in rows}
+            hyps = {i: side.likeliest_outcomes(drafts[i]) for i in rows}
             job, hyp_rows = side.start_hypotheses(rows, drafts, hyps)
             t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact), job)
             result = seqs.judge(t_logits, draft_t, rnd)
@@ -334,12 +290,11 @@ def generate_speculative(
                 a, d = accepted[j], drafts[i]
                 mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
                 hit = side.settle(i, a, bonus[j], hyps[i], mine)
-                pauses.settle(i, i in plain, a == 0 and believed.get(i) == 0 and side.ready[i] is None)
-                new = seqs.commit(i, d.tokens, a, bonus[j], plain=i in plain)
+                new = seqs.commit(i, d.tokens, a, bonus[j])
                 if on_round:
-                    on_round(RoundInfo(rnd, i, list(d.tokens), a, bonus[j], new, i not in need and i not in plain,
+                    on_round(RoundInfo(rnd, i, list(d.tokens), a, bonus[j], new, i not in need,
                                        bool(mine) and hit is None, sync_seconds if i in need else 0.0, v_span,
-                                       d_span if mine else None, d.certainty, hyps[i], hit, i in plain))
+                                       d_span if mine else None, d.certainty, hyps[i], hit))
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 

@@ -180,42 +180,6 @@ def test_likely_length_is_the_run_believed_in_jointly():
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_pausing_rows_keep_greedy_output(mode):
-    """max_pause: rows whose drafter believed in nothing and accepted nothing take plain steps
-    (filler drafts where other rows of the batch verify some); the output is ar's, every step is
-    either a round or a plain step, and τ counts rounds only."""
-    target = tiny_target(seed=21)
-    drafter = random_drafter(target, 5, seed=22)
-    base = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter,
-                    verify_min_prob=0.3, max_pause=0)
-    seen = []
-    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter,
-                   verify_min_prob=0.3, max_pause=4, on_round=seen.append)
-    assert out.tokens == base.tokens == reference(target, PROMPTS, 40)
-    s = out.stats
-    assert base.stats.plain_steps == 0 and s.plain_steps > 0
-    assert s.rounds + s.plain_steps == len(seen) and s.rounds == sum(s.accept_hist)
-    assert sum(not r.plain for r in seen) == s.rounds
-    assert any(r.plain and r.draft for r in seen)  # a filler draft beside another row's real one
-    with pytest.raises(ValueError, match="max_pause=-1"):
-        generate(target, PROMPTS, max_new_tokens=3, mode=mode, drafter=drafter, max_pause=-1)
-
-
-def test_pauses_back_off_and_reset():
-    """After the k-th miss in a row a row pauses min(2^(k-1), max_pause) steps; a round that is not
-    a miss ends the streak."""
-    from d3d.speculative import Pauses
-
-    p, taken = Pauses(1, 4), []
-    for miss in (True, True, True, True, False, True):
-        p.settle(0, False, miss)
-        taken.append(p.left[0])
-        while p.plain([0]):
-            p.settle(0, True, False)
-    assert taken == [1, 2, 4, 4, 0, 1]
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_batch_one_each_prompt_alone(mode):
     target = tiny_target(seed=3)
     drafter = random_drafter(target, 5, seed=4)
@@ -355,28 +319,24 @@ def chi2(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(stat), int(keep.sum()) + (1 if rest_e > 0 else 0) - 1
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "async/4x2", "sync/likely", "sync/pause"])
+@pytest.mark.parametrize("mode", ["sync", "async", "async/4x2", "sync/likely"])
 def test_sampling_follows_the_target_distribution(mode, monkeypatch):
     """At T > 0 the output follows the target's distribution; async/4x2 drafts 4 outcome
     hypotheses (2 bonus candidates per accept length), and a hit is used only when it matches the
-    *sampled* bonus; sync/likely verifies only the drafts the drafter believes in (verify_min_prob);
-    sync/pause lets rows that believed in nothing take plain steps (max_pause), filler drafts included."""
+    *sampled* bonus; sync/likely verifies only the drafts the drafter believes in (verify_min_prob)."""
     vocab, n = 6, 4000
     target = tiny_target(seed=11, vocab=vocab, std=0.5)
     drafter = random_drafter(target, 3, seed=12)
     prompt = [1, 2]
     p2, p3 = exact_marginals(target, prompt, vocab)
     mode, _, hyps = mode.partition("/")
-    kw = {"4x2": dict(hypotheses=4, fanout=2), "likely": dict(verify_min_prob=0.3),
-          "pause": dict(verify_min_prob=0.8, max_pause=4), "": {}}[hyps]
+    kw = dict(hypotheses=4, fanout=2) if hyps == "4x2" else dict(verify_min_prob=0.3) if hyps else {}
     out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], mode=mode,
                    drafter=drafter, **kw)
     if hyps == "4x2":
         assert out.stats.successor_hits > 100  # hypotheses were used for some of the third tokens
     if hyps == "likely":  # some rounds verified fewer than the block's 2 drafts, some all
         assert 0.5 * out.stats.rounds < out.stats.verified_drafts < 2 * out.stats.rounds
-    if hyps == "pause":  # some third tokens came from plain steps
-        assert out.stats.plain_steps > 100
     toks = torch.tensor(out.tokens)
     for col, probs in ((1, p2), (2, p3)):
         stat, dof = chi2(toks[:, col], probs)
