@@ -150,8 +150,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
     ap.add_argument("--validation", action="store_true",
                     help="code prompts from the validation files, for choosing settings (K, F, thresholds; with "
-                         "--chat: requests built from their functions, as the drafter trainer's τ monitor asks); "
-                         "every reported figure uses the evaluation files (the default)")
+                         "--chat: requests built from their functions, as the drafter trainer's τ monitor asks, "
+                         "or with --sets explain requests to explain them in prose); every reported figure uses "
+                         "the evaluation files (the default)")
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per code prompt")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--chat", action="store_true",
