@@ -142,7 +142,8 @@ EXPLAIN_TEMPLATE = "Explain in a few sentences of plain English what this Python
 
 def explain_request(code: str) -> list[dict]:
     """One user message asking for a prose explanation of ``code``: answers a code drafter is
-    weak on (validation requests for settings that matter when drafts fail, e.g. ``max_pause``)."""
+    weak on (validation requests for choices that matter when drafts fail; e.g.
+    docs/results/acceptance-streaks)."""
     if not code.endswith("\n"):
         code += "\n"
     return [{"role": "user", "content": EXPLAIN_TEMPLATE.format(code=code)}]
