@@ -23,9 +23,9 @@ import d3d
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
 from d3d.precision import auto_dtype
 from d3d.corpus import training_corpus
-from d3d.prompts import CHAT_SETS, PROMPT_SETS, load_prompt_set
+from d3d.prompts import PROMPT_SETS, load_prompt_set
 
-from .common import machine, markdown_table, write_json
+from .common import check_chat_sets, machine, markdown_table, write_json
 
 
 @torch.inference_mode()
@@ -54,8 +54,8 @@ def main(argv=None) -> dict:
                          "its end-of-turn token, as an instruction-tuned model is used")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
-    if args.chat and set(args.sets) - set(CHAT_SETS):
-        ap.error(f"--chat: sets {sorted(set(args.sets) - set(CHAT_SETS))} are raw text; chat sets: {', '.join(CHAT_SETS)}")
+    if args.chat:
+        check_chat_sets(ap, args.sets)
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
     drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
     target = d3d.load_model(target_dir, dtype=args.dtype)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from d3d.files import write_json as atomic_write_json
+from d3d.prompts import CHAT_SETS
 
 
 def machine() -> dict:
@@ -76,6 +77,12 @@ def copy_bandwidth_gbs(nbytes: int = 256 << 20, repeats: int = 7) -> float:
     dst = torch.empty_like(src)
     t = timeit(lambda: dst.copy_(src), repeats)
     return 2 * nbytes / t["median"] / 1e9
+
+
+def check_chat_sets(ap, sets: list[str]) -> None:
+    """``--chat`` asks prompts as user turns: only request sets can be (``ap.error`` names the others)."""
+    if raw := sorted(set(sets) - set(CHAT_SETS)):
+        ap.error(f"--chat: sets {raw} are raw text; chat sets: {', '.join(CHAT_SETS)}")
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:

@@ -42,7 +42,7 @@ from d3d.corpus import training_corpus
 from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 from d3d.train.chat_data import chat_prompts
 
-from .common import compare_table, load_json, machine, markdown_table, write_json
+from .common import check_chat_sets, compare_table, load_json, machine, markdown_table, write_json
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
@@ -175,8 +175,8 @@ def main(argv=None) -> dict:
         ap.error("--validation: only the code set (and, with --chat, explain) has a validation split")
     if "explain" in args.sets and not (args.validation and args.chat):
         ap.error("--sets explain: validation requests in the chat format only (add --chat --validation)")
-    if args.chat and set(args.sets) - set(CHAT_SETS) and not args.validation:
-        ap.error(f"--chat: sets {sorted(set(args.sets) - set(CHAT_SETS))} are raw text; chat sets: {', '.join(CHAT_SETS)}")
+    if args.chat and not args.validation:
+        check_chat_sets(ap, args.sets)
     if "ar" not in args.modes:
         args.modes.insert(0, "ar")
     if args.threads:

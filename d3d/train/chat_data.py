@@ -64,9 +64,9 @@ def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: floa
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(snippets), generator=gen).tolist()
     picks = [snippets[order[i % len(order)]] for i in range(n)]
-    kinds = torch.randint(0, templates, (n,), generator=gen).tolist()
     if explain:
         return [tok.encode_chat(explain_request(s)) for s in picks]
+    kinds = torch.randint(0, templates, (n,), generator=gen).tolist()
     return [tok.encode_chat(code_request(s, k)) for s, k in zip(picks, kinds)]
 
 

@@ -28,7 +28,7 @@ def main(target_dir: str, drafter_dir: str, n: int = 8) -> dict:
         prompts = chat_prompts(tok, training_corpus(target_dir), 0.05, n, "validation", seed=1234, templates=1,
                                explain=name == "explain")
         by_streak, by_conf, all_a = collections.defaultdict(list), collections.defaultdict(list), []
-        for p in prompts:
+        for k, p in enumerate(prompts, 1):
             rounds = []
             d3d.generate(target, p, max_new_tokens=128, stop_ids=tok.stop_token_ids(), mode="sync", drafter=drafter,
                          verify_min_prob=0.05, on_round=lambda r: rounds.append((r.accepted, r.confidence)))
@@ -38,7 +38,7 @@ def main(target_dir: str, drafter_dir: str, n: int = 8) -> dict:
                 by_conf["<0.1" if c < 0.1 else "0.1-0.3" if c < 0.3 else ">=0.3"].append(a)
                 all_a.append(a)
                 misses = misses + 1 if a == 0 else 0
-            print(f"{name}: prompt {len(all_a)} rounds so far", file=sys.stderr, flush=True)
+            print(f"{name}: {k}/{n} prompts, {len(all_a)} rounds", file=sys.stderr, flush=True)
         result["sets"][name] = {"all": summary(all_a),
                                 "after_k_misses": {f"{k}{'+' if k == 6 else ''}": summary(v)
                                                    for k, v in sorted(by_streak.items())},
