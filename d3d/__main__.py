@@ -293,7 +293,7 @@ def cmd_train_drafter(args) -> int:
     target_corpus(args)
     cfg = config_from_args(DrafterTrainConfig, args, shared_embeddings=not args.own_embeddings)
     summary = train_drafter(cfg, resume=args.resume, log=log_stderr)
-    print(json.dumps({"history": summary["history"], "trainable_parameters": summary["trainable_parameters"]}))
+    print(json.dumps({k: summary[k] for k in ("history", "trainable_parameters", "data_rows") if k in summary}))
     return 0
 
 
@@ -469,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "data_minutes": "--data chat: generate answers for at most M minutes in this invocation, then "
                                      "train on every answer made so far (earlier invocations' included; the same "
                                      "command later goes on generating where it stopped)",
+                     "extra_functions": "--data chat: when --n-sequences exceeds the corpus's training functions, "
+                                        "ask about functions of the other installed Python sources (torch, pip, "
+                                        "setuptools, triton, ...: their training split, minus any function the corpus "
+                                        "holds out) before repeating one",
+                     "data_only": "make (or extend) the cached training data in OUT/data and stop: data in "
+                                  "session-sized chunks (with --data-minutes), training later",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
                                     "training answers (the head scores only those; needs shared embeddings)",
                      "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "

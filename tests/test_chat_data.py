@@ -143,3 +143,133 @@ def test_explain_requests_ask_for_prose_about_the_same_validation_functions(qwen
     for c, p in zip(code, prose):
         assert EXPLAIN_TEMPLATE.split("\n")[0] in p and "Complete the following" not in p
         assert c.split("```python")[1] == p.split("```python")[1] and p.split("```python")[1] not in ev
+
+
+def _function(name: str) -> str:
+    return f'def {name}(x):\n    """Return {name} of x, a docstring long enough to keep."""\n'
+
+
+def _write_split(root, names, heldout_fraction, want_heldout):
+    """Write one file per function under ``root``, renaming files until the path split puts
+    exactly the functions in ``want_heldout`` on the held-out side."""
+    from d3d.corpus import is_heldout
+
+    root.mkdir()
+    for name in names:
+        k = 0
+        while is_heldout(f"{name}_{k}.py", heldout_fraction) != (name in want_heldout):
+            k += 1
+        (root / f"{name}_{k}.py").write_text(_function(name) + "    return x\n")
+
+
+def _write_train_file(root, stem, names, heldout_fraction):
+    """A ``python-sources``-style file (split by a hash of its content) that lands in the train split."""
+    import hashlib
+
+    from d3d.corpus import is_heldout
+
+    body = "".join(_function(n) + "    return x\n\n" for n in names)
+    k = 0
+    while is_heldout(hashlib.sha1(f"# {k}\n{body}".encode()).hexdigest(), heldout_fraction):
+        k += 1
+    (root / f"{stem}.py").write_text(f"# {k}\n{body}")
+
+
+def test_extra_functions_come_from_other_sources_and_never_from_held_out_text(tmp_path, monkeypatch, qwen3_tok):
+    """``--extra-functions``: past the corpus's training functions the requests ask about other
+    packages' functions (their training split); a copy of a function the corpus holds out never
+    becomes one, the first requests are those without the option, and held-out splits refuse it."""
+    import d3d.train.chat_data as chat_data
+    from d3d.corpus import PYTHON_SOURCES, find_corpus, multi_root_corpus
+
+    frac = 0.3
+    corpus, other = tmp_path / "corpus", tmp_path / "other"
+    _write_split(corpus, ["alpha", "beta", "gamma", "delta", "held_a", "held_b"], frac, {"held_a", "held_b"})
+    other.mkdir()
+    _write_train_file(other, "pkg_one", ["omega", "held_a"], frac)   # vendored copy of a held-out function
+    _write_train_file(other, "pkg_two", ["sigma", "alpha"], frac)    # and of a training one
+    real = find_corpus
+    monkeypatch.setattr(chat_data, "find_corpus", lambda root, f=0.05: multi_root_corpus([corpus, other], f)
+                        if str(root) == PYTHON_SOURCES else real(root, f))
+    c = real(corpus, frac)
+    own = chat_data.function_snippets(chat_data.read_texts(c.train))
+    extra = chat_data.extra_train_snippets(c, frac, set(own), seed=0)
+    assert sorted(s.split("(")[0] for s in extra) == ["def omega", "def sigma"]
+
+    def names(n, **kw):
+        return [next(w for w in qwen3_tok.decode(p).split() if w.startswith(("alpha", "beta", "gamma", "delta", "held",
+                                                                              "omega", "sigma")))
+                for p in chat_data.chat_prompts(qwen3_tok, str(corpus), frac, n, "train", seed=3, **kw)]
+
+    plain, more = names(6), names(6, extra_functions=True)
+    assert more[:4] == plain[:4] and sorted(plain[:4]) == sorted(["alpha(x):", "beta(x):", "gamma(x):", "delta(x):"])
+    assert plain[4:] == plain[:2]                                   # without the option: repeats
+    assert sorted(more[4:]) == ["omega(x):", "sigma(x):"]           # with it: new functions first
+    assert not any(n.startswith("held") for n in more)
+    with pytest.raises(ValueError, match="train split"):
+        chat_data.chat_prompts(qwen3_tok, str(corpus), frac, 2, "validation", extra_functions=True)
+
+
+def test_more_sequences_reuse_a_finished_smaller_runs_answers(tmp_path, monkeypatch):
+    """Growing --n-sequences generates only the new requests' answers; the rows equal a fresh run's.
+    A cached file that answers other requests (here: another answer cap) is not reused."""
+    import torch
+
+    import d3d.train.chat_data as chat_data
+    from test_engines import tiny_target
+
+    target = tiny_target()
+    prompts = [[1 + i, 2 + i, 3] for i in range(7)]
+    monkeypatch.setattr(chat_data, "chat_prompts", lambda tok, root, frac, n, *a, **k: prompts[:n])
+    batches, real = [], chat_data.generate
+    monkeypatch.setattr(chat_data, "generate", lambda t, p, **kw: batches.append(len(p)) or real(t, p, **kw))
+
+    class Tok:
+        def stop_token_ids(self):
+            return []
+
+        def token_id(self, _):
+            return 0
+
+    def make(n, cache, gen_len=6):
+        batches.clear()
+        return chat_data.make_chat_training_data(target, Tok(), None, 0.05, n, gen_len, 16, 0, cache, batch=2,
+                                                 log=lambda *_: None)
+
+    small = make(4, tmp_path / "a")
+    assert batches == [2, 2]
+    big = make(7, tmp_path / "a")
+    assert batches == [2, 1]                      # rows 4..6 only
+    fresh = make(7, tmp_path / "b")
+    assert batches == [2, 2, 2, 1]
+    assert torch.equal(big[0], fresh[0]) and torch.equal(big[1], fresh[1]) and torch.equal(big[0][:4], small[0])
+    make(7, tmp_path / "a", gen_len=5)
+    assert batches == [2, 2, 2, 1]                # other answer cap: nothing reusable
+
+
+def test_data_only_makes_the_data_and_trains_nothing(tmp_path, monkeypatch):
+    """``--data-only`` (data in session-sized chunks, training later): the data is made with the
+    given options, then the trainer stops before building a drafter; --extra-functions needs chat data."""
+    import torch
+
+    import d3d.train.drafter as trainer
+    from d3d.train.drafter import DrafterTrainConfig, train_drafter
+    from d3d.train.target import train_target
+    from test_train_target import tiny_config
+
+    tcfg = tiny_config(tmp_path, steps=2, hidden_size=32, num_heads=2, num_kv_heads=1, num_layers=1,
+                       intermediate_size=64, vocab_size=320, max_positions=256)
+    train_target(tcfg, log=lambda *_: None)
+    calls = []
+    rows = (torch.randint(10, 300, (5, 32)), torch.ones(5, 32))
+    monkeypatch.setattr(trainer, "make_chat_training_data", lambda *a, **kw: calls.append(kw) or rows)
+    out = tmp_path / "drafter"
+    common = dict(target=tcfg.out, out=str(out), corpus=tcfg.corpus, heldout_fraction=tcfg.heldout_fraction,
+                  num_layers=1, block_size=4, window=32, batch_size=2, steps=2)
+    summary = train_drafter(DrafterTrainConfig(**common, data="chat", data_only=True, extra_functions=True),
+                            log=lambda *_: None)
+    assert summary["data_rows"] == 5 and summary["history"] == []
+    assert calls[0]["extra_functions"] is True
+    assert not (out / "model.safetensors").exists() and not (out / "training_state.pt").exists()
+    with pytest.raises(ValueError, match="--data chat"):
+        train_drafter(DrafterTrainConfig(**common, data="windows", extra_functions=True), log=lambda *_: None)

@@ -263,6 +263,8 @@ class DrafterTrainConfig(TrainSettings):
     teacher_chain: bool = True  # teacher labels: supervise only along the greedy chain (greedy_chain)
     window: int = 256  # chat data: tokens per training row (last `window` of prompt + answer)
     data_minutes: float | None = None  # chat data: generate answers for at most this long, then train on those made
+    extra_functions: bool = False  # chat data: past the corpus's functions, other installed packages' (extra_train_snippets)
+    data_only: bool = False  # make (or extend) the cached data, then stop without training
     soft_labels: int = 0  # k > 0: train on the target's top-k distributions (one more target pass per row)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
@@ -356,6 +358,8 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         raise ValueError(f"--soft-labels={cfg.soft_labels}: must be >= 0 (0: hard labels)")
     if cfg.soft_labels and cfg.data == "teacher":
         raise ValueError("--soft-labels needs the target's own text (--data chat or windows), not --data teacher")
+    if cfg.extra_functions and cfg.data != "chat":
+        raise ValueError("--extra-functions asks about more functions: it needs --data chat")
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
@@ -370,7 +374,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     elif cfg.data == "chat":
         data, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
                                                   cfg.gen_len, cfg.window, cfg.seed, out / "data",
-                                                  minutes=cfg.data_minutes, log=log)
+                                                  minutes=cfg.data_minutes, extra_functions=cfg.extra_functions, log=log)
         eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "validation", seed=1234,
                                     templates=1)
     else:
@@ -383,6 +387,9 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         lengths = (loss_mask * torch.arange(1, data.shape[1] + 1)).amax(1).long()
         soft = make_soft_labels(labeller, data, lengths, cfg.soft_labels, out / "data", log=log)
     del labeller
+    if cfg.data_only:
+        log(f"--data-only: {data.shape[0]} rows of training data in {out / 'data'}; no training")
+        return {"history": [], "trainable_parameters": 0, "data_rows": data.shape[0]}
     L = data.shape[1]
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
     vocab_map = label_map = None
