@@ -3,8 +3,10 @@
 A chat model answers requests, so its drafter should learn from answers, not from raw file
 windows. The prompts here mimic the HumanEval chat format the benchmark uses, built from the
 *training split* of the standard library: each prompt is a function header + docstring cut out
-of a training file with ``ast``, wrapped in a user message (``d3d.prompts.code_request``, three phrasings). The target's greedy answer (up to ``gen_len`` tokens, stopping at
-its end-of-turn token) is the supervision.
+of a training file with ``ast``, wrapped in a user message (``d3d.prompts.code_request``, three
+phrasings). The target's greedy answer (up to ``gen_len`` tokens, stopping at its end-of-turn
+token) is the supervision. With ``extra_functions`` a longer list goes on, past
+the corpus's own functions, with functions of the other installed Python sources (torch, pip, ...).
 
 Sequences are stored as fixed ``window``-token rows: the *last* ``window`` tokens of
 prompt + answer (RoPE is relative, so where a window starts does not matter), right-padded
