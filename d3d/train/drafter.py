@@ -389,7 +389,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     del labeller
     if cfg.data_only:
         log(f"--data-only: {data.shape[0]} rows of training data in {out / 'data'}; no training")
-        return {"history": [], "trainable_parameters": 0, "data_rows": data.shape[0]}
+        return {"history": [], "data_rows": data.shape[0]}
     L = data.shape[1]
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
     vocab_map = label_map = None

@@ -1,4 +1,5 @@
-"""What the answers cache of more-data/make_data.sh holds so far: rows, answer tokens, answers at the cap.
+"""What the answers cache of more-data/make_data.sh holds so far: rows, answer tokens, answers at the cap,
+and how many functions there are to ask about (the standard library's training split, the other packages').
 
     PYTHONPATH=. python docs/results/qwen-drafter/more-data/summary.py OUT/data/chat-answers-KEY[.partial].pt OUT_JSON
 """
@@ -6,18 +7,24 @@ import sys
 
 import torch
 
+from d3d.corpus import find_corpus, read_texts
 from d3d.files import write_json
+from d3d.train.chat_data import extra_train_snippets, function_snippets
 
-STDLIB_ROWS, FIRST_RUN_ROWS, CAP = 5805, 5600, 160  # the standard library's training functions; make_data.sh's --gen-len
+FIRST_RUN_ROWS, REQUESTS, CAP = 5600, 11200, 160  # make_data.sh: earlier runs' --n-sequences, its own, --gen-len
 
 path, out = sys.argv[1:]
 loaded = torch.load(path)
 answers = [a for chunk in loaded for a in chunk] if path.endswith(".partial.pt") else loaded
-parts = {"earlier runs' (rows 0-5,599)": answers[:FIRST_RUN_ROWS],
-         "rest of the standard library (rows 5,600-5,804)": answers[FIRST_RUN_ROWS:STDLIB_ROWS],
-         "other installed packages (rows 5,805-)": answers[STDLIB_ROWS:]}
-summary = {"file": path.rsplit("/", 1)[-1], "rows": len(answers), "of": 11200,
+corpus = find_corpus(None, 0.05)
+own = function_snippets(read_texts(corpus.train))
+n_own, n_extra = len(own), len(extra_train_snippets(corpus, 0.05, set(own), 0))
+parts = {"earlier runs'": answers[:FIRST_RUN_ROWS],
+         "rest of the standard library": answers[FIRST_RUN_ROWS:n_own],
+         "other installed packages": answers[n_own:]}
+summary = {"file": path.rsplit("/", 1)[-1], "rows": len(answers), "of": REQUESTS,
            "answer_tokens": sum(map(len, answers)),
+           "stdlib_training_functions": n_own, "other_packages_functions": n_extra,
            "parts": {k: {"rows": len(v), "answer_tokens": sum(map(len, v)),
                          "mean_tokens": sum(map(len, v)) / max(1, len(v)),
                          "at_cap": sum(len(a) >= CAP for a in v)} for k, v in parts.items()}}
