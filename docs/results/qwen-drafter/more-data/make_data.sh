@@ -6,6 +6,8 @@
 # whose text the standard library holds out is never asked about). --data-only: no training; rerun to go on
 # (each call generates for at most DATA_MINUTES, saving every batch of 64). Run from the repository root:
 #   TARGET=runs/qwen2.5-coder-0.5b-instruct OUT=runs/qwen-drafter-v5 DATA_MINUTES=50 bash docs/results/qwen-drafter/more-data/make_data.sh
+# N_SEQUENCES (default 11200, what ../run5/ trained on) asks for more: a longer list's first 11,200 requests are
+# these, so their finished answers are reused and only the rest is generated (17,321 functions on this machine).
 exec python -m d3d train-drafter --target "${TARGET:-runs/qwen2.5-coder-0.5b-instruct}" --out "${OUT:-runs/qwen-drafter-v5}" \
-  --data chat --n-sequences 11200 --gen-len 160 --window 256 --extra-functions --threads 2 \
+  --data chat --n-sequences "${N_SEQUENCES:-11200}" --gen-len 160 --window 256 --extra-functions --threads 2 \
   --data-only --data-minutes "${DATA_MINUTES:-50}" "$@"
