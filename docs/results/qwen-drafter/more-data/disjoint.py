@@ -24,13 +24,14 @@ corpus = find_corpus(None, 0.05)
 own = function_snippets(read_texts(corpus.train))
 snippets = own + extra_train_snippets(corpus, 0.05, set(own), 0)
 defined = {m for s in snippets for m in re.findall(r"def\s+(\w+)\s*\(", s)}
+humaneval, mtbench = humaneval_prompts(), mtbench_prompts()
 hits = {"humaneval_names": [], "humaneval_sentences": [], "mtbench_sentences": []}
-for p in humaneval_prompts():
+for p in humaneval:
     hits["humaneval_names"] += [n for n in re.findall(r"def\s+(\w+)\s*\(", p) if n in defined]
     hits["humaneval_sentences"] += [s for s in sentences(p) if any(s in t for t in snippets)]
-for q in mtbench_prompts():
+for q in mtbench:
     hits["mtbench_sentences"] += [s for s in sentences(q) if any(s in t for t in snippets)]
-summary = {"training_snippets": len(snippets), "humaneval_prompts": len(humaneval_prompts()),
-           "mtbench_prompts": len(mtbench_prompts()), "hits": hits}
+summary = {"training_snippets": len(snippets), "humaneval_prompts": len(humaneval),
+           "mtbench_prompts": len(mtbench), "hits": hits}
 write_json(sys.argv[1], summary)
 print(summary)
