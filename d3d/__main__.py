@@ -220,6 +220,8 @@ _SETTINGS_HELP = {  # the fields every trainer shares (d3d.train.loop.TrainSetti
     "stop_after": "end this invocation after N steps (resume later with --resume; the schedule still spans --steps)",
     "stop_after_minutes": "end this invocation at the first step past M minutes of training, with an evaluation and "
                           "a saved state (a chunk that fits a session; resume later with --resume)",
+    "schedule_start": "warm restart: the warm-up and cosine span steps [N, --steps) instead of [0, --steps) (with "
+                      "--resume from a state at step N: new data gets a fresh peak --lr)",
     "compute_dtype": "auto: bf16 autocast where the CPU multiplies bf16 fast (d3d.precision), else fp32; or "
                      "float32 / bfloat16",
 }

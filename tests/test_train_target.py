@@ -88,7 +88,24 @@ def test_stop_after_minutes_ends_the_chunk_with_a_saved_state(tmp_path):
     assert len(rest["losses_this_run"]) == 3 and rest["steps_done"] == 4 and rest["heldout"]["tokens"] > 0
 
 
+def test_warm_restart_schedule():
+    """schedule_start = s: warm-up from step s back to the peak, then the cosine ends at `steps` at the
+    floor; before s nothing changes from the usual schedule's shape (steps are relative to s)."""
+    from d3d.train.common import cosine_lr
+    from d3d.train.loop import schedule_lr
+
+    usual = TargetTrainConfig(out="x", steps=100, lr=1e-3, warmup=10)
+    restart = TargetTrainConfig(out="x", steps=100, lr=1e-3, warmup=10, schedule_start=60)
+    assert [schedule_lr(s, usual) for s in range(100)] == [cosine_lr(s, 100, 1e-3, 10) for s in range(100)]
+    assert schedule_lr(60, restart) == pytest.approx(1e-4)  # first warm-up step: peak / warmup
+    assert schedule_lr(69, restart) == pytest.approx(1e-3)  # warm-up done: the peak again
+    assert schedule_lr(99, restart) == pytest.approx(1e-4, rel=0.05)  # annealed to the floor by the last step
+    assert schedule_lr(80, usual) < 2.5e-4  # the one cosine would be at a fifth of the peak by 80%
+
+
 def test_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match="schedule_start=8: must be in"):
+        train_target(tiny_config(tmp_path / "s", steps=8, schedule_start=8), log=lambda *_: None)
     with pytest.raises(FileNotFoundError, match="no such directory"):
         train_target(tiny_config(tmp_path, corpus=str(tmp_path / "missing")), log=lambda *_: None)
     (tmp_path / "empty").mkdir()

@@ -53,6 +53,7 @@ class TrainSettings:
     stop_after: int | None = None  # end this invocation after N steps (resume later); the schedule spans `steps`
     stop_after_minutes: float | None = None  # end this invocation at the first step past this wall time (resume later)
     compute_dtype: str = "auto"  # matmuls under autocast in bf16 where the dtype policy picks it; fp32 master weights
+    schedule_start: int = 0  # the warm-up + cosine span steps [schedule_start, steps): a warm restart of a resumed run
 
 
 @dataclass
@@ -73,6 +74,8 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
 
     ``cfg``: a trainer's config (a ``TrainSettings``).
     """
+    if not 0 <= cfg.schedule_start < cfg.steps:
+        raise ValueError(f"schedule_start={cfg.schedule_start}: must be in [0, steps={cfg.steps})")
     res = LoopResult()
     if resume:
         state = load_training_state(state_path)
@@ -100,7 +103,7 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
 def _run_steps(model, optimizer, cfg, state_path, loss_fn, evaluate, on_eval, res, trainable, autocast, progress, t0,
                stop, log) -> None:
     for step in range(res.start_step, cfg.steps):
-        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup)
+        lr = schedule_lr(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
         model.train()
@@ -130,6 +133,16 @@ def _run_steps(model, optimizer, cfg, state_path, loss_fn, evaluate, on_eval, re
             break
         if last:
             break
+
+
+def schedule_lr(step: int, cfg) -> float:
+    """The learning rate of ``step``: warm-up and cosine over ``[cfg.schedule_start, cfg.steps)``.
+
+    ``schedule_start = 0`` is the usual schedule. A warm restart (SGDR) of a trained state resumed at
+    step s with ``schedule_start = s`` warms up again to ``cfg.lr`` and anneals by ``cfg.steps``,
+    instead of re-spanning one cosine from step 0, which would resume near its tail (at 80% of the
+    span: 19% of the peak) and leave new data little learning rate."""
+    return cosine_lr(step - cfg.schedule_start, cfg.steps - cfg.schedule_start, cfg.lr, cfg.warmup)
 
 
 @contextlib.contextmanager
@@ -169,4 +182,4 @@ def autocast_context(compute_dtype: str, device: torch.device):
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
-__all__ = ["train_loop", "LoopResult", "TrainSettings", "autocast_context"]
+__all__ = ["train_loop", "LoopResult", "TrainSettings", "autocast_context", "schedule_lr"]
