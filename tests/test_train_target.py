@@ -103,6 +103,16 @@ def test_warm_restart_schedule():
     assert schedule_lr(80, usual) < 2.5e-4  # the one cosine would be at a fifth of the peak by 80%
 
 
+def test_warm_restart_resume_notes_the_new_schedule(tmp_path):
+    cfg = tiny_config(tmp_path / "w", steps=6, save_every=100, eval_every=100, stop_after=3)
+    train_target(cfg, log=lambda *_: None)
+    cfg.stop_after, cfg.schedule_start = None, 3
+    logs = []
+    rest = train_target(cfg, resume=True, log=logs.append)
+    assert rest["steps_done"] == 6 and len(rest["losses_this_run"]) == 3
+    assert "note: resuming with changed settings: schedule_start" in logs
+
+
 def test_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="schedule_start=8: must be in"):
         train_target(tiny_config(tmp_path / "s", steps=8, schedule_start=8), log=lambda *_: None)

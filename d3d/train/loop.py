@@ -23,7 +23,7 @@ import contextlib
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -79,8 +79,7 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
     res = LoopResult()
     if resume:
         state = load_training_state(state_path)
-        changed = sorted(k for k, v in state.get("config", {}).items()
-                         if k not in _PER_INVOCATION and asdict(cfg).get(k) != v)
+        changed = _changed_settings(state.get("config", {}), cfg)
         if changed:
             log(f"note: resuming with changed settings: {', '.join(changed)}")
         model.load_state_dict(state["model"])
@@ -168,6 +167,15 @@ def _stop_requests():
 
 
 _PER_INVOCATION = ("stop_after", "stop_after_minutes")  # may change between chunks without a note
+
+
+def _changed_settings(saved: dict, cfg) -> list[str]:
+    """The settings of ``cfg`` that differ from a saved state's; a setting the state predates counts
+    at its default (so a warm restart's ``schedule_start`` is noted, a new default setting is not)."""
+    defaults = {f.name: f.default for f in fields(cfg) if f.default is not MISSING}
+    now = asdict(cfg)
+    return sorted(k for k in saved.keys() | now.keys()
+                  if k not in _PER_INVOCATION and saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
 
 
 def autocast_context(compute_dtype: str, device: torch.device):
