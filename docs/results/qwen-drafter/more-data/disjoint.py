@@ -3,7 +3,7 @@
 For each HumanEval prompt: its function names (``def NAME(``) and its docstring sentences of >= 30
 characters; for each MT-Bench first turn: its sentences of >= 30 characters. A hit is a training
 snippet (the standard library's training functions + the other packages' functions: a superset of
-the 11,200 requests) that defines a function of the same name or contains such a sentence.
+the 11,200 and the 16,800 requests) that defines a function of the same name or contains such a sentence.
 
     PYTHONPATH=. python docs/results/qwen-drafter/more-data/disjoint.py OUT_JSON
 """
