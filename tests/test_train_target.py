@@ -89,8 +89,8 @@ def test_stop_after_minutes_ends_the_chunk_with_a_saved_state(tmp_path):
 
 
 def test_warm_restart_schedule():
-    """schedule_start = s: warm-up from step s back to the peak, then the cosine ends at `steps` at the
-    floor; before s nothing changes from the usual schedule's shape (steps are relative to s)."""
+    """schedule_start = 0 is the usual schedule; schedule_start = s warms up again from step s to the
+    peak, then anneals to the floor by `steps`."""
     from d3d.train.common import cosine_lr
     from d3d.train.loop import schedule_lr
 
@@ -116,6 +116,8 @@ def test_warm_restart_resume_notes_the_new_schedule(tmp_path):
 def test_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="schedule_start=8: must be in"):
         train_target(tiny_config(tmp_path / "s", steps=8, schedule_start=8), log=lambda *_: None)
+    with pytest.raises(ValueError, match="schedule_start=3: after step 0, where this run starts"):
+        train_target(tiny_config(tmp_path / "s", steps=8, schedule_start=3), log=lambda *_: None)
     with pytest.raises(FileNotFoundError, match="no such directory"):
         train_target(tiny_config(tmp_path, corpus=str(tmp_path / "missing")), log=lambda *_: None)
     (tmp_path / "empty").mkdir()

@@ -86,6 +86,9 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, st
         optimizer.load_state_dict(state["optimizer"])
         res.start_step, res.history = state["step"], state.get("history", [])
         log(f"resumed from {state_path} at step {res.start_step}")
+    if cfg.schedule_start > res.start_step:  # steps before it would get a negative learning rate
+        raise ValueError(f"schedule_start={cfg.schedule_start}: after step {res.start_step}, where this run "
+                         f"{'resumes' if resume else 'starts'}; a warm restart starts where a resumed state ends")
     trainable = [p for p in model.parameters() if p.requires_grad]
     autocast = autocast_context(cfg.compute_dtype, next(model.parameters()).device)
     progress = Progress(cfg.steps, res.start_step)
@@ -172,7 +175,8 @@ _PER_INVOCATION = ("stop_after", "stop_after_minutes")  # may change between chu
 def _changed_settings(saved: dict, cfg) -> list[str]:
     """The settings of ``cfg`` that differ from a saved state's; a setting the state predates counts
     at its default (so a warm restart's ``schedule_start`` is noted, a new default setting is not)."""
-    defaults = {f.name: f.default for f in fields(cfg) if f.default is not MISSING}
+    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()
+                for f in fields(cfg) if f.default is not MISSING or f.default_factory is not MISSING}
     now = asdict(cfg)
     return sorted(k for k in saved.keys() | now.keys()
                   if k not in _PER_INVOCATION and saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
