@@ -12,8 +12,9 @@ verification); a suffix @X sets the successor threshold (a row gets hypotheses o
 estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
 fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
 with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); +exact verifies
-with row-invariant attention (bf16 output equal to ar bit for bit). Example: ``async:none@0/8x3+exact``,
-``sync~0.05``.
+with row-invariant attention (bf16 output equal to ar bit for bit); +leavesL verifies also the L
+likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, leaves_per_round).
+Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -46,14 +47,14 @@ from .common import check_chat_sets, compare_table, load_json, machine, markdown
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
-                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(\+(?P<flag>\w+))?$")
+                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(?P<flags>(\+\w+)*)$")
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
-        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact]")
-    name, overlap, threshold, flags = m["name"], m["overlap"], m["threshold"], m["flag"]
+        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]")
+    name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
     elif name == "dflash":
@@ -69,10 +70,13 @@ def run_mode(target, drafter, prompt, mode: str, args):
         kw["fanout"] = int(m["f"])
     if m["likely"]:
         kw["verify_min_prob"] = float(m["likely"])
-    if flags == "exact":
-        kw["exact"] = True
-    elif flags:
-        raise SystemExit(f"mode {mode}+{flags}: unknown flag (known: +exact)")
+    for flag in m["flags"].split("+")[1:]:
+        if flag == "exact":
+            kw["exact"] = True
+        elif re.fullmatch(r"leaves\d+", flag):
+            kw["leaves"] = int(flag.removeprefix("leaves"))
+        else:
+            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL)")
     t = time.perf_counter()
     out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
     return out, time.perf_counter() - t
@@ -81,7 +85,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
 def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
                "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [], "identical": 0,
-               "hits_by_accept": None, "hypotheses": 0, "passes": 0} for m in args.modes}
+               "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32
@@ -110,6 +114,8 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["verified"] += s.verified_drafts
             a["hypotheses"] += s.hypotheses
             a["passes"] += s.successor_passes
+            a["leaves"] += s.verified_leaves
+            a["leaf_hits"] += s.leaf_hits
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
                 if hist:
                     a[key] = hist if a[key] is None else [x + y for x, y in zip(a[key], hist)]
@@ -126,7 +132,8 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      critical_draft_seconds=a["draft_s"] + a["exposed_draft_s"],
                      hypotheses_per_round=a["hypotheses"] / a["rounds"],
                      hypothesis_pass_rate=a["passes"] / a["rounds"],
-                     verified_drafts_per_round=a["verified"] / a["rounds"])
+                     verified_drafts_per_round=a["verified"] / a["rounds"],
+                     leaves_per_round=a["leaves"] / a["rounds"], leaf_hit_rate=a["leaf_hits"] / a["rounds"])
             if a["hits_by_accept"]:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r
@@ -222,10 +229,11 @@ def main(argv=None) -> dict:
                          f"{r.get('speedup_vs_fastest_ar', r['speedup_vs_ar']):.2f}x",
                          f"{r['hit_rate']:.0%}" if m.startswith("async") else "-",
                          f"{r['hypotheses_per_round']:.1f}" if m.startswith("async") else "-",
+                         f"{r['leaf_hit_rate']:.0%}" if r.get("leaves_per_round") else "-",
                          f"{r['critical_draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / "
                          f"{r['verify_seconds']:.2f}" if "tau" in r else "-"])
     print(markdown_table(["set", "mode", "τ", "tok/s", "vs fastest ar", "async hit rate", "hypotheses/round",
-                          "draft on critical path / hypotheses passes / verify s"], rows))
+                          "leaf hit rate", "draft on critical path / hypotheses passes / verify s"], rows))
     config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target")}
     config["dtype_used"] = str(target.dtype).removeprefix("torch.")
     payload = {"bench": "speculative", "machine": machine(), "config": config,

@@ -60,14 +60,17 @@ class Explainer:
 
     def __call__(self, info) -> None:
         piece = lambda ids: self.tok.decode(ids, skip_special_tokens=False)  # noqa: E731
-        a = info.accepted
+        a = info.accepted - (info.leaf is not None)  # drafts accepted along the verified run
         accepted = self._paint(piece(info.draft[:a]), "32", "[{}]") if a else ""
         rejected = self._paint(piece(info.draft[a:]), "31;9", "~{}~") if a < len(info.draft) else ""
         bonus = self._paint(piece([info.bonus]), "1;33", "<{}>")
+        if info.leaf is not None:  # the verified leaf the target chose, then the bonus after it
+            bonus = self._paint(piece([info.committed[-2]]), "1;36", "{{{}}}") + " then " + bonus
         source = "ready: a hypothesis of the previous round hit" if info.successor_used else (
             f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
-        lines = [f"round {info.round}: accepted {a}/{len(info.draft)} + bonus ({source})",
+        leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""
+        lines = [f"round {info.round}: accepted {a}/{len(info.draft)}{leaf} + bonus ({source})",
                  f"  {accepted}{rejected}  bonus {bonus}",
                  f"  verify   {v0 * 1000:8.1f} .. {v1 * 1000:8.1f} ms"]
         if info.hypotheses:
@@ -161,7 +164,8 @@ def cmd_generate(args) -> int:
                        mode=mode, drafter=drafter, block_size=args.block_size,
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact,
-                       hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob)
+                       hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
+                       leaves=args.leaves)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -401,6 +405,10 @@ def add_generate_parser(sub) -> None:
                         "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
                         "pays where each costs real time (a CPU) and the drafter is weak (default: the device's "
                         "measured choice, 0.05 on a CPU, 0 on CUDA; d3d/overlap.py)")
+    g.add_argument("--leaves", type=int, default=0, metavar="L",
+                   help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
+                        "row each: a round whose bonus is one of them commits one more token (lossless; not with "
+                        "--exact; default 0)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

@@ -182,6 +182,17 @@ class KVCache:
             )
         self.lengths[row] = length
 
+    def append_slot(self, row: int, slot: int) -> None:
+        """Append the K/V stored at ``slot`` (written by the last pass beyond the row's length: a
+        verified leaf, ``d3d.speculative``) to ``row``: one position copied per layer."""
+        n = self.lengths[row]
+        if not n <= slot < self.max_len:
+            raise ValueError(f"append_slot(row={row}, slot={slot}): slot must be in [{n}, {self.max_len})")
+        if slot > n:  # slot == n: already in place
+            for t in self.k + self.v:
+                t[row, :, n].copy_(t[row, :, slot])
+        self.lengths[row] = n + 1
+
     def reset(self) -> None:
         self.lengths = [0] * self.rows
 

@@ -116,6 +116,7 @@ def generate(
     hypotheses: int | None = None,
     fanout: int | None = None,
     verify_min_prob: float | None = None,
+    leaves: int = 0,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -134,6 +135,8 @@ def generate(
     verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
         at least this probability (0: all; ``generate_speculative``); None = the device's measured
         default (``d3d.overlap.default_verify_min_prob``: 0.05 on a CPU, 0 on CUDA).
+    leaves: sync/async also verify the L likeliest bonuses the drafter proposed, one target row each
+        (``d3d.speculative``): a round whose bonus is one of them commits one more token. Not with exact.
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -172,14 +175,18 @@ def generate(
     verify_min_prob = default_verify_min_prob(model.device) if verify_min_prob is None else verify_min_prob
     if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
         raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
-    for name, value in (("hypotheses", hypotheses), ("fanout", fanout)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+    for name, value, least in (("hypotheses", hypotheses, 1), ("fanout", fanout, 1), ("leaves", leaves, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
+    if exact and leaves:
+        raise ValueError(f"exact=True with leaves={leaves}: a leaf attends through a mask, not as a one-token "
+                         "step does, so its output could part from ar in low precision; use leaves=0")
     if exact and mode == "async" and overlap == "packed":
         raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
                          "not 'packed' (its joint pass attends all rows at once)")
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
-                                on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob)
+                                on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob,
+                                leaves)
 
 
 MODES = ("ar", "sync", "async", "dflash")

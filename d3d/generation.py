@@ -31,6 +31,8 @@ class GenerationStats:
     rounds: int = 0  # verification rounds, summed over sequences
     accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = rounds that accepted a drafts
     verified_drafts: int = 0  # drafts the target verified, summed over rounds and sequences
+    verified_leaves: int = 0  # leaves: bonus candidates verified beside the drafts (d3d.speculative)
+    leaf_hits: int = 0  # leaves: rounds whose bonus was a verified leaf (one more token committed)
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
     hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences

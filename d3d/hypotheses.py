@@ -47,6 +47,25 @@ def outcome_hypotheses(drafts: list[int], confidence: list[float], top_ids: list
     return sorted(candidates, key=lambda h: -h.score)[:k]
 
 
+def bonus_leaves(drafts: list[int], confidence: list[float], top_ids: list[list[int]], top_probs: list[list[float]],
+                 n: int, k: int) -> list[Hypothesis]:
+    """The ``k`` likeliest outcomes of verifying d_1..d_n (n <= len(drafts)) whose bonus is a token
+    the drafter proposed, to verify as one-token leaves beside the drafts (most probable first).
+
+    A leaf (a, b) is the token b at position a+1 after d_1..d_a, scored as above: for a < n, b is
+    among the top tokens at a+1 other than the verified d_(a+1); for a = n < len(drafts) (the drafts
+    the verification leaves out, ``verify_min_prob``) b may be any of them, d_(n+1) included.
+    When the target's bonus after accepting a drafts is b, the leaf is accepted too and its own
+    logits give the next token: the round commits a + 2 tokens instead of a + 1.
+    """
+    candidates, prefix = [], 1.0
+    for a in range(min(n + 1, len(drafts))):
+        candidates.extend(Hypothesis(a, b, prefix * p) for b, p in zip(top_ids[a], top_probs[a])
+                          if a == n or b != drafts[a])
+        prefix *= confidence[a]
+    return sorted(candidates, key=lambda h: -h.score)[:k]
+
+
 def matching(hypotheses: list[Hypothesis], guesses: list[int], accepted: int, bonus: int) -> int | None:
     """Index of the hypothesis the outcome (accepted, bonus) matches, or None. ``guesses[m]``: the
     bonus hypothesis m's block put at its first position (its own for an all-accepted guess)."""
@@ -56,4 +75,4 @@ def matching(hypotheses: list[Hypothesis], guesses: list[int], accepted: int, bo
     return None
 
 
-__all__ = ["Hypothesis", "outcome_hypotheses", "matching"]
+__all__ = ["Hypothesis", "outcome_hypotheses", "bonus_leaves", "matching"]

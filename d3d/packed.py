@@ -112,7 +112,9 @@ class PackedPair:
         rows = torch.cat([t_layout.rows, d_layout.rows + self.t_rows])
         write_rows = torch.cat([t_layout.write_rows, d_layout.write_rows + self.t_rows])
         slots = torch.cat([t_layout.slots, d_layout.slots])
-        reach = None if d_layout.reach is None else torch.cat([t_layout.group_ids, d_layout.reach])
+        reach = None if t_layout.reach is None and d_layout.reach is None else torch.cat(
+            [t_layout.group_ids if t_layout.reach is None else t_layout.reach,
+             d_layout.group_ids if d_layout.reach is None else d_layout.reach])
         max_seqlen = max(t_layout.max_seqlen, d_layout.max_seqlen)
 
         for i in range(self.n_shared):

@@ -5,7 +5,11 @@ A D3D round, for every active sequence:
     1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
                   outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)]
     2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
-                  with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``)
+                  with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``).
+                  With ``leaves`` L the pass also verifies the L likeliest bonuses the drafter proposed
+                  (``d3d.hypotheses.bonus_leaves``), each a one-token branch off the drafts: when the
+                  bonus after a accepted drafts is such a leaf, the leaf is accepted too and its
+                  logits give the bonus after it (a + 2 tokens committed)
     3 hypotheses  async only, beside 2 (``d3d.overlap``): one drafter pass that appends the drafts
                   to the drafter's cache and drafts a successor block for each of the K likeliest
                   outcomes (``d3d.hypotheses``), every block branching off the drafts at its own a
@@ -19,6 +23,11 @@ it cannot draft before verification ends: steps 1, 2, 4 with its own drafter.
 Invariants, per sequence: ``committed`` = prompt + output; the last committed token is the
 *anchor*; the target cache holds every committed token but the anchor; the drafter cache holds a
 prefix of the committed tokens (only clean tokens are ever kept).
+
+Leaves cost one target row each and no drafting. The likeliest bonuses are what async pre-drafts
+successors for; verifying them instead pays where rows are cheap but compute is saturated (a CPU:
+async's hypotheses passes cost real time there). On the shipped Qwen drafter's validation requests
+the true (a, bonus) is among the 12 likeliest outcomes in 47% of rounds (``async@0/12x4``).
 """
 
 from __future__ import annotations
@@ -30,13 +39,16 @@ import torch
 
 from .drafter import Block
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
-from .hypotheses import Hypothesis, matching, outcome_hypotheses
+from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from .kernels.accept import accept
 from .model import Transformer
 from .overlap import Verification, closing, make_overlap
 
 if TYPE_CHECKING:
     from .drafter import Drafter, Drafts
+
+
+_LEAF_SEED = 1 << 31  # the leaves' bonus samples use streams apart from the round's acceptance
 
 
 @dataclass
@@ -57,6 +69,7 @@ class RoundInfo:
     confidence: float  # drafter's product of confidences over this draft
     hypotheses: list[Hypothesis] = field(default_factory=list)  # async: the likeliest outcomes (drafted if draft_span)
     hit: int | None = None  # async: index of the hypothesis that matched the outcome
+    leaf: int | None = None  # leaves: index of the verified leaf accepted as the last of ``accepted`` drafts
 
 
 @dataclass
@@ -92,6 +105,21 @@ class Draft:
         return Draft(self.tokens[:n], self.confidence[:n], self.top_ids[:n], self.top_probs[:n], self.guess)
 
 
+@dataclass
+class Outcome:
+    """One row's verification result: the tokens it accepted (d_1..d_a, then the leaf if one was
+    hit) and the target's bonus after them."""
+
+    accepted: list[int]
+    bonus: int
+    leaf: int | None = None  # index of the hit leaf among the row's leaves
+
+    @property
+    def main_accepted(self) -> int:
+        """Drafts accepted along the verified run (the hit leaf not counted)."""
+        return len(self.accepted) - (self.leaf is not None)
+
+
 def host_drafts(d: "Drafts") -> list[Draft]:
     """Blocks ``[lead, d_1..d_n]`` of a drafting call as host ``Draft``s (one read-back)."""
     tokens, conf = d.tokens.tolist(), d.confidence.tolist()
@@ -115,22 +143,67 @@ class Sequences:
             self.committed[i].append(t)
             self.out.commit(i, [t])
 
-    def verification(self, rows: list[int], drafts: torch.Tensor, exact: bool = False) -> Verification:
-        """The target pass over ``[anchor, drafts]`` of every row (``drafts`` [N, n] on the device, n < B)."""
-        anchors = torch.tensor([[self.committed[i][-1]] for i in rows], device=self.target.device)
-        layout = self.tcache.layout([drafts.shape[1] + 1] * len(rows), rows, row_invariant=exact)
-        return Verification(self.target, torch.cat([anchors, drafts], 1).flatten(), layout, self.tcache)
+    def verification(self, rows: list[int], drafts: torch.Tensor, exact: bool = False,
+                     leaves: list[list[Hypothesis]] | None = None) -> Verification:
+        """The target pass over ``[anchor, drafts]`` of every row (``drafts`` [N, n] on the device, n < B),
+        then row j's ``leaves[j]``: leaf (a, b) is token b at the position of d_(a+1), seeing the anchor
+        and d_1..d_a only (``reach``), written to the cache slots after the drafts."""
+        dev, n = self.target.device, drafts.shape[1]
+        anchors = torch.tensor([[self.committed[i][-1]] for i in rows], device=dev)
+        ids = torch.cat([anchors, drafts], 1)
+        if not leaves or not any(leaves):
+            layout = self.tcache.layout([n + 1] * len(rows), rows, row_invariant=exact)
+            return Verification(self.target, ids.flatten(), layout, self.tcache)
+        leaf_ids = torch.tensor([h.bonus for row in leaves for h in row], device=dev)
+        per_row = torch.split(leaf_ids, [len(row) for row in leaves])
+        ids = torch.cat([t for j in range(len(rows)) for t in (ids[j], per_row[j])])
+        c = [self.tcache.lengths[i] for i in rows]
+        lens = [n + 1 + len(row) for row in leaves]
+        layout = self.tcache.layout(lens, rows, groups=[range(m) for m in lens],
+                                    reach=[list(range(n + 1)) + [h.accepted + 1 for h in row] for row in leaves],
+                                    positions=[[ci + p for p in range(n + 1)] + [ci + h.accepted + 1 for h in row]
+                                               for ci, row in zip(c, leaves)])
+        return Verification(self.target, ids, layout, self.tcache)
 
-    def judge(self, logits: torch.Tensor, drafts: torch.Tensor, rnd: int):
-        return accept(drafts, logits.view(drafts.shape[0], drafts.shape[1] + 1, -1), temperature=self.temperature,
-                      seed=self.seed * 1_000_003 + rnd)
+    def judge(self, logits: torch.Tensor, drafts: torch.Tensor, tokens: list[list[int]], rnd: int,
+              leaves: list[list[Hypothesis]] | None = None) -> list[Outcome]:
+        """Accept each row's drafts (``drafts`` on the device, ``tokens`` the same on the host) against
+        the target's logits of a ``verification`` pass; a row whose bonus is one of its leaves accepts
+        the leaf and takes the bonus after it from the leaf's logits (at T > 0 a fresh sample: the leaf
+        is the target's own sample at its position, so the output keeps the target's distribution)."""
+        N, n = drafts.shape
+        key = self.seed * 1_000_003 + rnd
+        leaves = leaves if leaves and any(leaves) else [[]] * N
+        starts = [0]
+        for row in leaves[:-1]:
+            starts.append(starts[-1] + n + 1 + len(row))
+        main = logits
+        if any(leaves):  # the drafts' rows out of the packed [anchor, drafts, leaves] of every row
+            main = logits.index_select(0, torch.tensor([s + p for s in starts for p in range(n + 1)],
+                                                       device=logits.device))
+        result = accept(drafts, main.view(N, n + 1, -1), temperature=self.temperature, seed=key)
+        accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
+        out = [Outcome(tokens[j][:a], b) for j, (a, b) in enumerate(zip(accepted, bonus))]
+        hits = [(j, m) for j in range(N) for m, h in enumerate(leaves[j])
+                if (h.accepted, h.bonus) == (accepted[j], bonus[j])]  # bonuses differ: at most one per row
+        if hits:
+            at = torch.tensor([starts[j] + n + 1 + m for j, m in hits], device=drafts.device)
+            after = accept(drafts.new_zeros((len(hits), 0)), logits.index_select(0, at)[:, None],
+                           temperature=self.temperature, seed=key + _LEAF_SEED).bonus.tolist()
+            for (j, m), b in zip(hits, after):
+                out[j] = Outcome(out[j].accepted + [out[j].bonus], b, m)
+        return out
 
-    def commit(self, i: int, draft: list[int], a: int, bonus: int) -> list[int]:
-        """Commit the accepted drafts and the bonus of sequence i; the target cache keeps the accepted."""
-        new = draft[:a] + [bonus]
+    def commit(self, i: int, o: Outcome, n: int) -> list[int]:
+        """Commit the accepted tokens and the bonus of sequence i (its verification had ``n`` drafts);
+        the target cache keeps the anchor and the accepted tokens (a hit leaf's K/V moved next to them)."""
+        new = o.accepted + [o.bonus]
         self.stats.rounds += 1
-        self.stats.accept_hist[a] += 1
-        self.tcache.crop(i, len(self.committed[i]) + a)  # anchor + accepted drafts join the cached prefix
+        self.stats.accept_hist[len(o.accepted)] += 1
+        self.tcache.crop(i, len(self.committed[i]) + o.main_accepted)  # anchor + accepted drafts join the cached prefix
+        if o.leaf is not None:
+            self.stats.leaf_hits += 1
+            self.tcache.append_slot(i, len(self.committed[i]) + n + o.leaf)  # slots: anchor at len-1, drafts, leaves
         self.committed[i].extend(new)
         self.out.commit(i, new)
         return new
@@ -141,10 +214,11 @@ class Drafting:
     the hypotheses pass (steps 1, 3 and the drafter's part of 4 in the module docstring)."""
 
     def __init__(self, drafter: "Drafter", dcache, seqs: Sequences, stats: GenerationStats, block_size: int,
-                 use_hyps: bool, K: int, fanout: int, successor_threshold: float):
+                 use_hyps: bool, K: int, fanout: int, successor_threshold: float, leaves: int = 0):
         self.drafter, self.dcache, self.committed, self.stats, self.B = drafter, dcache, seqs.committed, stats, block_size
-        self.use_hyps, self.K, self.fanout, self.threshold = use_hyps, K, fanout, successor_threshold
-        self.top = fanout + 1 if use_hyps else 0  # top tokens kept per position: the bonus candidates
+        self.use_hyps, self.K, self.fanout, self.threshold, self.L = use_hyps, K, fanout, successor_threshold, leaves
+        # top tokens kept per position: the bonus candidates of hypotheses and leaves
+        self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
         self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
 
     def draft(self, rows: list[int]) -> list[Draft]:
@@ -165,6 +239,12 @@ class Drafting:
             return [Hypothesis(len(draft.tokens), None, draft.certainty)]
         return outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, self.K, self.fanout)
 
+    def leaves(self, draft: Draft, n: int) -> list[Hypothesis]:
+        """Step 2's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed."""
+        if not self.L:
+            return []
+        return bonus_leaves(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, n, self.L)
+
     def start_hypotheses(self, rows: list[int], drafts: dict[int, Draft], hyps: dict[int, list[Hypothesis]]):
         """Step 3's pass for the rows whose hypotheses are likely enough to hit (``successor_threshold``):
         the clean run (uncached committed tokens + the drafts) and one block per hypothesis, branching
@@ -182,14 +262,14 @@ class Drafting:
         """The successor blocks of a hypotheses pass, in the order of its rows and hypotheses."""
         return host_drafts(self.drafter.finish(self.dcache, job, logits, top=self.top)) if job else []
 
-    def settle(self, i: int, accepted: int, bonus: int, hyps: list[Hypothesis], mine: list[Draft]) -> int | None:
+    def settle(self, i: int, o: Outcome, hyps: list[Hypothesis], mine: list[Draft]) -> int | None:
         """Step 4 for row i (before the commit): keep the anchor and the accepted drafts in the drafter
-        cache, and the successor whose hypothesis matches (accepted, bonus) as the next draft.
-        Returns the index of that hypothesis, or None."""
-        hit = None
+        cache, and the successor whose hypothesis matches the outcome as the next draft (none after a
+        leaf hit: the successors start one token early). Returns the index of that hypothesis, or None."""
+        hit, accepted = None, o.main_accepted
         if mine:
             self.dcache.crop(i, len(self.committed[i]) + accepted)
-            hit = matching(hyps, [s.guess for s in mine], accepted, bonus)
+            hit = matching(hyps, [s.guess for s in mine], accepted, o.bonus) if o.leaf is None else None
             self.stats.successor_hits += hit is not None
             self.stats.hits_by_accept[accepted] += hit is not None
             self.stats.fallbacks += hit is None
@@ -216,6 +296,7 @@ def generate_speculative(
     hypotheses: int = 1,
     fanout: int = 1,
     verify_min_prob: float = 0.0,
+    leaves: int = 0,
 ) -> GenerationOutput:
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
 
@@ -232,6 +313,8 @@ def generate_speculative(
     least this probability (the longest such run over the batch's rows; ``Draft.likely_length``):
     where a verified row costs real time (a CPU without AMX) a weak drafter's long tail of
     unlikely drafts is not worth its rows. 0 verifies every draft. Lossless either way.
+    ``leaves``: verify also the L likeliest bonuses the drafter proposed (module docstring); lossless,
+    but not with ``exact`` (a leaf attends through a mask, not as a one-token step would).
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
@@ -244,12 +327,12 @@ def generate_speculative(
 
     with closing(make_overlap(overlap if use_hyps else "none", clock, target, drafter)) as ov:
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
-        tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1, longest + (K + 2) * B + 2)
+        tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1 + leaves, longest + (K + 2) * B + 2)
         seqs = Sequences(target, prompts, out, stats, tcache, temperature, seed)
         seqs.begin(prefill(target, prompts, tcache, temperature, gen)[0])
         stats.target_forwards += 1
         stats.prefill_seconds = clock.now()
-        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, fanout, successor_threshold)
+        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, fanout, successor_threshold, leaves)
         rnd = 0
         while rows := out.active():
             # 1 draft: rows whose last round's hypotheses missed (or had none) draft now
@@ -262,17 +345,20 @@ def generate_speculative(
                 sync_seconds = t1 - t0
                 stats.draft_seconds += sync_seconds
             drafts = {i: side.ready[i] for i in rows}
+            n_verify = len(drafts[rows[0]].tokens)
             if verify_min_prob > 0:
                 n_verify = max(drafts[i].likely_length(verify_min_prob) for i in rows)
-                drafts = {i: d.truncated(n_verify) for i, d in drafts.items()}
-            stats.verified_drafts += len(rows) * len(drafts[rows[0]].tokens)
+            leaf_rows = [side.leaves(drafts[i], n_verify) for i in rows]
+            drafts = {i: d.truncated(n_verify) for i, d in drafts.items()}
+            stats.verified_drafts += len(rows) * n_verify
+            stats.verified_leaves += sum(map(len, leaf_rows))
             draft_t = torch.tensor([drafts[i].tokens for i in rows], dtype=torch.long, device=dev).view(len(rows), -1)
 
             # 2 verify || 3 hypotheses
             hyps = {i: side.likeliest_outcomes(drafts[i]) for i in rows}
             job, hyp_rows = side.start_hypotheses(rows, drafts, hyps)
-            t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact), job)
-            result = seqs.judge(t_logits, draft_t, rnd)
+            t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact, leaf_rows), job)
+            outcomes = seqs.judge(t_logits, draft_t, [drafts[i].tokens for i in rows], rnd, leaf_rows)
             successors = side.finish(job, d_logits)
             stats.target_forwards += 1
             stats.verify_seconds += v_span[1] - v_span[0]
@@ -284,17 +370,16 @@ def generate_speculative(
                 stats.exposed_draft_seconds += max(0.0, d_span[1] - max(d_span[0], v_span[1]))
 
             # 4 commit, and keep the successor that matches the outcome
-            accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
             per_row = iter(successors)
             for j, i in enumerate(rows):
-                a, d = accepted[j], drafts[i]
+                o, d = outcomes[j], drafts[i]
                 mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
-                hit = side.settle(i, a, bonus[j], hyps[i], mine)
-                new = seqs.commit(i, d.tokens, a, bonus[j])
+                hit = side.settle(i, o, hyps[i], mine)
+                new = seqs.commit(i, o, n_verify)
                 if on_round:
-                    on_round(RoundInfo(rnd, i, list(d.tokens), a, bonus[j], new, i not in need,
+                    on_round(RoundInfo(rnd, i, list(d.tokens), len(o.accepted), o.bonus, new, i not in need,
                                        bool(mine) and hit is None, sync_seconds if i in need else 0.0, v_span,
-                                       d_span if mine else None, d.certainty, hyps[i], hit))
+                                       d_span if mine else None, d.certainty, hyps[i], hit, o.leaf))
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 
@@ -340,22 +425,22 @@ def generate_dflash(
         stats.draft_seconds += t1 - t0
         v = seqs.verification(rows, drafts)
         (logits, hidden), v_span = clock.timed(lambda: target(v.ids, v.layout, v.cache, hidden_layers=layers))
-        result = seqs.judge(logits, drafts, rnd)
-        accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
+        draft_list = drafts.tolist()
+        outcomes = seqs.judge(logits, drafts, draft_list, rnd)
+        accepted = [len(o.accepted) for o in outcomes]
         stats.target_forwards += 1
         stats.verify_seconds += v_span[1] - v_span[0]
         stats.verified_drafts += len(rows) * (B - 1)
         # context grows by the anchor + accepted drafts of each row
         keep = torch.cat([torch.arange(j * B, j * B + a + 1, device=dev) for j, a in enumerate(accepted)])
         drafter.append_context(ccache, rows, [h.index_select(0, keep) for h in hidden], [a + 1 for a in accepted])
-        draft_list = drafts.tolist()
         for j, i in enumerate(rows):
-            new = seqs.commit(i, draft_list[j], accepted[j], bonus[j])
+            new = seqs.commit(i, outcomes[j], B - 1)
             if on_round:
-                on_round(RoundInfo(rnd, i, draft_list[j], accepted[j], bonus[j], new, False, False, t1 - t0,
+                on_round(RoundInfo(rnd, i, draft_list[j], accepted[j], outcomes[j].bonus, new, False, False, t1 - t0,
                                    v_span, None, 0.0))
         rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 
 
-__all__ = ["generate_speculative", "generate_dflash", "RoundInfo", "Sequences", "Draft", "host_drafts"]
+__all__ = ["generate_speculative", "generate_dflash", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts"]

@@ -1,0 +1,149 @@
+"""Bonus leaves: the likeliest bonuses verified as one-token branches beside the drafts
+(``leaves=L``, ``d3d.speculative``) — lossless at T = 0 and T > 0, and a hit commits one more token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import d3d.speculative as speculative
+from d3d.cache import KVCache
+from d3d.hypotheses import Hypothesis, bonus_leaves
+from test_engines import (PROMPTS, V, OracleDrafter, chi2, chi2_threshold, exact_marginals, generate,
+                          random_drafter, reference, tiny_target)
+
+
+def test_bonus_leaves_rank_the_proposed_bonuses():
+    """a < n: the draft itself is never a leaf (it is verified); a = n: any top token may be."""
+    drafts, conf = [5, 6, 7], [0.5, 0.8, 0.3]
+    top_ids = [[5, 9, 2], [6, 1, 3], [4, 7, 8]]
+    top_probs = [[0.5, 0.3, 0.1], [0.8, 0.15, 0.05], [0.6, 0.3, 0.1]]
+    leaves = bonus_leaves(drafts, conf, top_ids, top_probs, n=2, k=4)
+    # scores: (0,9) .3, (0,2) .1, (1,1) .5*.15=.075, (1,3) .025, (2,4) .4*.6=.24, (2,7) .12, (2,8) .04
+    assert leaves == [Hypothesis(0, 9, pytest.approx(0.3)), Hypothesis(2, 4, pytest.approx(0.24)),
+                      Hypothesis(2, 7, pytest.approx(0.12)), Hypothesis(0, 2, pytest.approx(0.1))]
+    assert all(h.bonus != drafts[h.accepted] for h in bonus_leaves(drafts, conf, top_ids, top_probs, n=3, k=9))
+    assert bonus_leaves(drafts, conf, top_ids, top_probs, n=0, k=2) == [
+        Hypothesis(0, 5, pytest.approx(0.5)), Hypothesis(0, 9, pytest.approx(0.3))]  # nothing verified: d_1 a leaf
+    assert bonus_leaves(drafts, conf, top_ids, top_probs, n=2, k=0) == []
+
+
+def test_append_slot_moves_one_position_in_every_layer():
+    target = tiny_target()
+    cache = KVCache(target.cfg, rows=2, max_len=16)
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn_like(t))
+    cache.lengths = [9, 3]
+    cache.crop(0, 5)
+    cache.append_slot(0, 12)
+    assert cache.lengths == [6, 3]
+    for t in cache.k + cache.v:
+        torch.testing.assert_close(t[0, :, 5], t[0, :, 12], rtol=0, atol=0)
+    before = [t[1, :, 3].clone() for t in cache.k]
+    cache.append_slot(1, 3)  # already in place: nothing moves
+    assert cache.lengths == [6, 4] and all(torch.equal(b, t[1, :, 3]) for b, t in zip(before, cache.k))
+    for slot in (2, 16):
+        with pytest.raises(ValueError, match=f"append_slot\\(row=1, slot={slot}\\)"):
+            cache.append_slot(1, slot)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("block_size", [2, 5])
+@pytest.mark.parametrize("min_prob", [0.0, 0.3, 1.0])
+def test_greedy_with_leaves_equals_ar(mode, block_size, min_prob):
+    """A random drafter is almost never right, but its runners-up sometimes are: leaves raise τ and
+    the output stays ar's (min_prob 1.0 verifies no drafts: the leaves are then d_1 and its rivals)."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, block_size, seed=22)
+    ref = reference(target, PROMPTS, 30)
+    plain = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
+                     verify_min_prob=min_prob)
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
+                   verify_min_prob=min_prob, leaves=6)
+    assert plain.tokens == out.tokens == ref
+    s = out.stats
+    assert plain.stats.leaf_hits == plain.stats.verified_leaves == 0
+    assert s.leaf_hits > 0 and s.tau > plain.stats.tau and s.rounds < plain.stats.rounds
+    assert s.verified_leaves == 6 * s.rounds
+    assert s.tau == pytest.approx(sum(s.num_generated) / s.rounds, abs=1.0)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_every_unsure_rejection_is_caught_by_a_leaf(mode):
+    """An oracle wrong at every 3rd position with the right token as its runner-up: with one leaf
+    every rejection is a leaf hit, so every round commits the accepted drafts, the leaf and a bonus."""
+    target = tiny_target(seed=5)
+    free = reference(target, PROMPTS, 40)
+    refs = [p + r for p, r in zip(PROMPTS, reference(target, PROMPTS, 60))]
+    rounds = []
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, verify_min_prob=0.0,
+                   drafter=OracleDrafter(refs, 8, V, wrong_every=3), block_size=8, leaves=1,
+                   on_round=rounds.append)
+    assert out.tokens == free
+    hits = [r for r in rounds if r.leaf is not None]
+    assert out.stats.leaf_hits == len(hits) > 0
+    for r in rounds:
+        a = r.accepted - (r.leaf is not None)
+        if a < len(r.draft):  # a rejection: the leaf was the target's token there
+            assert r.leaf == 0 and r.committed[:a] == r.draft[:a] and r.committed[a] != r.draft[a]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_leaves_keep_stop_tokens_and_max_new_tokens(mode):
+    target = tiny_target(seed=5)
+    free = reference(target, PROMPTS, 40)
+    stop = free[0][9]
+    expected = reference(target, PROMPTS, 40, stops=[stop])
+    drafter = random_drafter(target, 4, seed=3)
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[stop], mode=mode, drafter=drafter, leaves=5)
+    assert out.tokens == expected and out.stats.stopped[0]
+    out = generate(target, PROMPTS, max_new_tokens=13, stop_ids=[], mode=mode, drafter=drafter, leaves=5)
+    assert out.tokens == [r[:13] for r in free]
+
+
+def test_leaves_through_every_async_overlap():
+    """The joint packed pass carries the target's reach (the leaves) beside the drafter's blocks."""
+    target = tiny_target(seed=6)
+    drafter = random_drafter(target, 4, seed=7)
+    ref = reference(target, PROMPTS, 40)
+    outs = {ov: generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="async", drafter=drafter,
+                         overlap=ov, hypotheses=4, fanout=2, leaves=3)
+            for ov in ("thread", "packed", "none")}
+    assert all(o.tokens == ref for o in outs.values())
+    assert len({o.stats.leaf_hits for o in outs.values()}) == 1 and outs["none"].stats.leaf_hits > 0
+
+
+def test_leaves_arguments_checked():
+    target = tiny_target()
+    drafter = random_drafter(target)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"leaves={bad!r}: must be an integer >= 0"):
+            generate(target, [1, 2, 3], max_new_tokens=4, mode="sync", drafter=drafter, leaves=bad)
+    with pytest.raises(ValueError, match="exact=True with leaves=2"):
+        generate(target, [1, 2, 3], max_new_tokens=4, mode="sync", drafter=drafter, leaves=2, exact=True)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sampling_with_leaves_follows_the_target_distribution(mode, monkeypatch):
+    """At T > 0 a leaf is accepted only when the target's own sample at its position is the leaf, and
+    the token after it is a fresh sample from the leaf's logits: the output keeps the target's
+    distribution. Control: acceptance that ignores T must fail the same test."""
+    vocab, n = 6, 4000
+    target = tiny_target(seed=11, vocab=vocab, std=0.5)
+    drafter = random_drafter(target, 3, seed=12)
+    prompt = [1, 2]
+    p2, p3 = exact_marginals(target, prompt, vocab)
+    kw = dict(mode=mode, drafter=drafter, leaves=3, verify_min_prob=0.0)
+    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], **kw)
+    assert out.stats.leaf_hits > 500
+    toks = torch.tensor(out.tokens)
+    for col, probs in ((1, p2), (2, p3)):
+        stat, dof = chi2(toks[:, col], probs)
+        assert stat < chi2_threshold(dof), f"token {col + 1}: chi2 {stat:.1f} with {dof} dof"
+
+    real_accept = speculative.accept
+    monkeypatch.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
+    biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
+                                   **kw).tokens)
+    stat, dof = chi2(biased[:, 1], p2)
+    assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
