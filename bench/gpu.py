@@ -13,7 +13,8 @@ with its own time limit, so a failing or slow stage still leaves the others' res
                  beside device time shows launch overhead; the engines have no CUDA graphs yet)
   speculative    the bundled pair, every mode, async with the CUDA-stream overlap
   hypotheses     async's K (outcome hypotheses) / F (fan-out) on validation prompts: what
-                 ``d3d.overlap.async_defaults`` should pick on a GPU (unmeasured so far)
+                 ``d3d.overlap.async_defaults`` should pick on a GPU (unmeasured so far), and sync
+                 with bonus leaves (``leaves``: rows are nearly free on a GPU, so more should pay)
   kernels-1k     attention over 1k and 8k cached tokens
   kernels-8k
 
@@ -54,7 +55,7 @@ def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
             ("speculative", ["bench", "speculative", "--n", "1", "--new-tokens", "6", "--sets", "code",
                              "--modes", "ar", "sync", "async", "--out", o("speculative.json")], 90),
             ("hypotheses", ["bench", "speculative", "--validation", "--n", "1", "--new-tokens", "6", "--sets", "code",
-                            "--modes", "ar", "sync", "async@0/1x1", "async@0/4x2", "--out", o("hypotheses.json")], 90),
+                            "--modes", "ar", "sync", "async@0/1x1", "async@0/4x2", "sync+leaves2", "--out", o("hypotheses.json")], 90),
             ("kernels-1k", ["bench", "kernels", "--quick", "--attention-only", "--cache-len", "16",
                             "--out", o("kernels_1k.json")], 60),
             ("kernels-8k", ["bench", "kernels", "--quick", "--attention-only", "--cache-len", "64",
@@ -70,7 +71,7 @@ def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
                          "--out", o("speculative.json")], 150),
         ("hypotheses", ["bench", "speculative", "--device", "cuda", "--validation", "--n", "4", "--sets", "code",
                         "--modes", "ar", "sync", "async@0/1x1", "async@0/4x1", "async@0/8x3", "async@0/16x3",
-                        "async@0/32x3", "--out", o("hypotheses.json")], 90),
+                        "async@0/32x3", "sync+leaves0", "sync+leaves4", "sync+leaves16", "--out", o("hypotheses.json")], 90),
         ("kernels-1k", ["bench", "kernels", "--attention-only", "--cache-len", "1024", "--cases", "verify", "d3d",
                         "decode", "--out", o("kernels_1k.json")], 50),
         ("kernels-8k", ["bench", "kernels", "--attention-only", "--cache-len", "8192", "--cases", "verify", "d3d",

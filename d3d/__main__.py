@@ -405,10 +405,10 @@ def add_generate_parser(sub) -> None:
                         "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
                         "pays where each costs real time (a CPU) and the drafter is weak (default: the device's "
                         "measured choice, 0.05 on a CPU, 0 on CUDA; d3d/overlap.py)")
-    g.add_argument("--leaves", type=int, default=0, metavar="L",
+    g.add_argument("--leaves", type=int, default=None, metavar="L",
                    help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
                         "row each: a round whose bonus is one of them commits one more token (lossless; not with "
-                        "--exact; default 0)")
+                        "--exact; default: 2 with sync, measured on a CPU, 0 with async or --exact; d3d/overlap.py)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

@@ -18,7 +18,7 @@ import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .model import Transformer
-from .overlap import OVERLAPS, async_defaults, default_overlap, default_verify_min_prob
+from .overlap import OVERLAPS, async_defaults, default_leaves, default_overlap, default_verify_min_prob
 from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
 
@@ -116,7 +116,7 @@ def generate(
     hypotheses: int | None = None,
     fanout: int | None = None,
     verify_min_prob: float | None = None,
-    leaves: int = 0,
+    leaves: int | None = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -136,7 +136,9 @@ def generate(
         at least this probability (0: all; ``generate_speculative``); None = the device's measured
         default (``d3d.overlap.default_verify_min_prob``: 0.05 on a CPU, 0 on CUDA).
     leaves: sync/async also verify the L likeliest bonuses the drafter proposed, one target row each
-        (``d3d.speculative``): a round whose bonus is one of them commits one more token. Not with exact.
+        (``d3d.speculative``): a round whose bonus is one of them commits one more token. None = the
+        device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async), or 0 with
+        exact (which refuses leaves).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -173,6 +175,7 @@ def generate(
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
     verify_min_prob = default_verify_min_prob(model.device) if verify_min_prob is None else verify_min_prob
+    leaves = (0 if exact else default_leaves(model.device, mode)) if leaves is None else leaves
     if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
         raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
     for name, value, least in (("hypotheses", hypotheses, 1), ("fanout", fanout, 1), ("leaves", leaves, 0)):

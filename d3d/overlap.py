@@ -237,6 +237,25 @@ def default_verify_min_prob(device: torch.device) -> float:
     return 0.0 if device.type == "cuda" else 0.05
 
 
+def default_leaves(device: torch.device, mode: str) -> int:
+    """``leaves`` of a device and mode: the bonus candidates verified beside the drafts
+    (``d3d.speculative``), chosen on validation prompts.
+
+    async: 0. Its hypotheses pre-draft successors for the same likeliest outcomes, and a leaf hit
+    makes them unusable (the successor of (a, b) guesses the token after b, where the leaf hit has
+    already committed the target's), so the two compete; unmeasured against each other.
+    sync: 2 on a CPU. Qwen2.5-Coder-0.5B with the shipped drafter, bf16, sync at P = 0.02, 8 validation chat
+    requests x 96 tokens, two runs (docs/results/leaves/validation_choice*.json; AMD EPYC Zen 5, 2
+    cores, no AMX), speed over bf16 ar: L = 0 1.57x / 1.55x, 1 - / 1.67x, **2 1.66x / 1.63x**, 3 - / 1.62x,
+    4 1.50x, 8 1.44x, with τ 1.88 -> 1.99 / 2.07 / 2.11 / 2.15 / 2.26 (leaf hit in 15-42% of rounds).
+    A verification of up to ~6 rows cost about what 4 do (55-56 ms), 8 rows 66 ms, 12 rows 74 ms, so
+    the τ of more leaves does not pay on this CPU; 1-3 are alike within one run's noise. The bundled
+    pair (8 validation code prompts, one run, docs/results/leaves/bundled_validation.json): τ 4.35 ->
+    4.79, sync 1.71x -> 1.72x. CUDA: 2 as well until ``python -m bench gpu`` (stage "hypotheses")
+    measures 0 / 4 / 16 there; rows are nearly free on a GPU, so more leaves should pay."""
+    return 0 if mode == "async" else 2
+
+
 def default_mode(device: torch.device) -> str:
     """The speculative mode ``python -m d3d generate`` uses with a D3D drafter: async on CUDA,
     sync on a CPU, where async measured slower than sync in every setting (``async_defaults``)."""
@@ -253,4 +272,4 @@ def closing(overlap: Serial):
 
 __all__ = ["OVERLAPS", "Verification", "Serial", "Threaded", "Streamed", "Packed", "SideStream", "make_overlap",
            "default_overlap", "packed_pair", "closing", "AsyncSettings", "async_defaults", "default_mode",
-           "default_verify_min_prob"]
+           "default_verify_min_prob", "default_leaves"]

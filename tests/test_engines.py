@@ -158,7 +158,7 @@ def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     drafter = random_drafter(target, 5, seed=22)
     full = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, verify_min_prob=0)
     out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
-                   verify_min_prob=min_prob)
+                   verify_min_prob=min_prob, leaves=0)  # leaves would lift τ above 1 at min_prob 1.0
     assert out.tokens == full.tokens == reference(target, PROMPTS, 30)
     per_round = out.stats.verified_drafts / out.stats.rounds
     assert full.stats.verified_drafts == 4 * full.stats.rounds and per_round < 4
@@ -491,7 +491,7 @@ def test_async_rounds_equal_sync_rounds():
     sync_rounds, async_rounds = [], []
     ref = reference(target, PROMPTS, 60)
     sync = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], mode="sync", drafter=drafter,
-                    on_round=sync_rounds.append)
+                    on_round=sync_rounds.append, leaves=0)  # async's default: no leaves
     out = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], mode="async", drafter=drafter, hypotheses=8,
                    fanout=3, on_round=async_rounds.append)
     assert sync.tokens == out.tokens == ref

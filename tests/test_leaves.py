@@ -57,7 +57,7 @@ def test_greedy_with_leaves_equals_ar(mode, block_size, min_prob):
     drafter = random_drafter(target, block_size, seed=22)
     ref = reference(target, PROMPTS, 30)
     plain = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
-                     verify_min_prob=min_prob)
+                     verify_min_prob=min_prob, leaves=0)
     out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
                    verify_min_prob=min_prob, leaves=6)
     assert plain.tokens == out.tokens == ref
@@ -111,6 +111,14 @@ def test_leaves_through_every_async_overlap():
             for ov in ("thread", "packed", "none")}
     assert all(o.tokens == ref for o in outs.values())
     assert len({o.stats.leaf_hits for o in outs.values()}) == 1 and outs["none"].stats.leaf_hits > 0
+
+
+def test_default_leaves_two_for_sync_none_for_async_or_exact():
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    for mode, exact, per_round in (("sync", False, 2), ("async", False, 0), ("sync", True, 0)):
+        s = generate(target, PROMPTS, max_new_tokens=12, stop_ids=[], mode=mode, drafter=drafter, exact=exact).stats
+        assert s.verified_leaves == per_round * s.rounds, (mode, exact)
 
 
 def test_leaves_arguments_checked():
