@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from pathlib import Path
@@ -162,3 +163,17 @@ def random_model(name: str, device: str = "cpu"):
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02)
     return model.eval().requires_grad_(False)
+
+
+def mode_flags(mode: str, flags: str) -> dict:
+    """``d3d.generate`` arguments of a mode's ``+flag`` suffixes (``flags`` = "+exact+leaves4"):
+    +exact (row-invariant verification), +leavesL (L bonus leaves)."""
+    kw = {}
+    for flag in flags.split("+")[1:]:
+        if flag == "exact":
+            kw["exact"] = True
+        elif re.fullmatch(r"leaves\d+", flag):
+            kw["leaves"] = int(flag.removeprefix("leaves"))
+        else:
+            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL)")
+    return kw

@@ -43,7 +43,7 @@ from d3d.corpus import training_corpus
 from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 from d3d.train.chat_data import chat_prompts
 
-from .common import check_chat_sets, compare_table, load_json, machine, markdown_table, write_json
+from .common import check_chat_sets, mode_flags, compare_table, load_json, machine, markdown_table, write_json
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
@@ -70,13 +70,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
         kw["fanout"] = int(m["f"])
     if m["likely"]:
         kw["verify_min_prob"] = float(m["likely"])
-    for flag in m["flags"].split("+")[1:]:
-        if flag == "exact":
-            kw["exact"] = True
-        elif re.fullmatch(r"leaves\d+", flag):
-            kw["leaves"] = int(flag.removeprefix("leaves"))
-        else:
-            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL)")
+    kw.update(mode_flags(mode, m["flags"]))
     t = time.perf_counter()
     out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
     return out, time.perf_counter() - t

@@ -89,18 +89,23 @@ def test_bundled_qwen_drafter_files():
 
 @pytest.mark.skipif(not os.environ.get("D3D_QWEN25"), reason="set D3D_QWEN25 to the converted Qwen2.5-Coder directory")
 def test_bundled_qwen_pair_is_lossless():
+    """fp32: sync (with the default 2 bonus leaves), sync with 4 leaves and async equal ar on two
+    HumanEval chat prompts; leaves are hit there."""
     from d3d.prompts import load_prompt_set
 
-    target = d3d.load_model(os.environ["D3D_QWEN25"])
+    target = d3d.load_model(os.environ["D3D_QWEN25"], dtype=torch.float32)
     tok = d3d.load_tokenizer(os.environ["D3D_QWEN25"])
     drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
-    prompt = load_prompt_set("humaneval", tok, 1, chat=True)
-    ar = d3d.generate(target, prompt, max_new_tokens=48, stop_ids=tok.stop_token_ids())
-    for mode in ("sync", "async"):
-        out = d3d.generate(target, prompt, max_new_tokens=48, stop_ids=tok.stop_token_ids(), mode=mode,
-                           drafter=drafter)
-        assert out.tokens == ar.tokens
+    prompts = load_prompt_set("humaneval", tok, 2, chat=True)
+    ar = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids())
+    hits = 0
+    for mode, leaves in (("sync", None), ("sync", 4), ("async", None)):
+        out = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids(), mode=mode,
+                           drafter=drafter, leaves=leaves)
+        assert out.tokens == ar.tokens, (mode, leaves)
         assert out.stats.tau > 1.5
+        hits += out.stats.leaf_hits
+    assert hits > 0
 
 
 @pytest.mark.skipif(not (DRAFTER / "config.json").exists(), reason="bundled drafter not trained yet")
