@@ -167,13 +167,16 @@ def random_model(name: str, device: str = "cpu"):
 
 def mode_flags(mode: str, flags: str) -> dict:
     """``d3d.generate`` arguments of a mode's ``+flag`` suffixes (``flags`` = "+exact+leaves4"):
-    +exact (row-invariant verification), +leavesL (L bonus leaves)."""
+    +exact (row-invariant verification), +leavesL (L bonus leaves), +lookupN (copy drafts after an
+    N-token match in the context, ``d3d.lookup``)."""
     kw = {}
     for flag in flags.split("+")[1:]:
         if flag == "exact":
             kw["exact"] = True
         elif re.fullmatch(r"leaves\d+", flag):
             kw["leaves"] = int(flag.removeprefix("leaves"))
+        elif re.fullmatch(r"lookup\d+", flag):
+            kw["lookup"] = int(flag.removeprefix("lookup"))
         else:
-            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL)")
+            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN)")
     return kw

@@ -15,6 +15,7 @@ with its own time limit, so a failing or slow stage still leaves the others' res
   hypotheses     async's K (outcome hypotheses) / F (fan-out) on validation prompts: what
                  ``d3d.overlap.async_defaults`` should pick on a GPU (unmeasured so far), and sync
                  with bonus leaves (``leaves``: rows are nearly free on a GPU, so more should pay)
+                 and copied drafts (``lookup``: sync's default 3, async's 0 unmeasured)
   kernels-1k     attention over 1k and 8k cached tokens
   kernels-8k
 
@@ -71,7 +72,8 @@ def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
                          "--out", o("speculative.json")], 150),
         ("hypotheses", ["bench", "speculative", "--device", "cuda", "--validation", "--n", "4", "--sets", "code",
                         "--modes", "ar", "sync", "async@0/1x1", "async@0/4x1", "async@0/8x3", "async@0/16x3",
-                        "async@0/32x3", "sync+leaves0", "sync+leaves4", "sync+leaves16", "--out", o("hypotheses.json")], 90),
+                        "async@0/32x3", "sync+leaves0", "sync+leaves4", "sync+leaves16", "sync+lookup0", "async+lookup3",
+                        "--out", o("hypotheses.json")], 90),
         ("kernels-1k", ["bench", "kernels", "--attention-only", "--cache-len", "1024", "--cases", "verify", "d3d",
                         "decode", "--out", o("kernels_1k.json")], 50),
         ("kernels-8k", ["bench", "kernels", "--attention-only", "--cache-len", "8192", "--cases", "verify", "d3d",

@@ -79,7 +79,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
 def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
                "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [], "identical": 0,
-               "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0} for m in args.modes}
+               "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0, "lookup": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32
@@ -110,6 +110,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["passes"] += s.successor_passes
             a["leaves"] += s.verified_leaves
             a["leaf_hits"] += s.leaf_hits
+            a["lookup"] += s.lookup_drafts
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
                 if hist:
                     a[key] = hist if a[key] is None else [x + y for x, y in zip(a[key], hist)]
@@ -127,7 +128,8 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      hypotheses_per_round=a["hypotheses"] / a["rounds"],
                      hypothesis_pass_rate=a["passes"] / a["rounds"],
                      verified_drafts_per_round=a["verified"] / a["rounds"],
-                     leaves_per_round=a["leaves"] / a["rounds"], leaf_hit_rate=a["leaf_hits"] / a["rounds"])
+                     leaves_per_round=a["leaves"] / a["rounds"], leaf_hit_rate=a["leaf_hits"] / a["rounds"],
+                     lookup_rate=a["lookup"] / a["rounds"])
             if a["hits_by_accept"]:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r

@@ -67,7 +67,7 @@ class Explainer:
         if info.leaf is not None:  # the verified leaf the target chose, then the bonus after it
             bonus = self._paint(piece([info.committed[-2]]), "1;36", "{{{}}}") + " then " + bonus
         source = "ready: a hypothesis of the previous round hit" if info.successor_used else (
-            f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
+            "copied from the context" if info.copied else f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""
         lines = [f"round {info.round}: accepted {a}/{len(info.draft)}{leaf} + bonus ({source})",
@@ -165,7 +165,7 @@ def cmd_generate(args) -> int:
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact,
                        hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
-                       leaves=args.leaves)
+                       leaves=args.leaves, lookup=args.lookup)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -409,6 +409,10 @@ def add_generate_parser(sub) -> None:
                    help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
                         "row each: a round whose bonus is one of them commits one more token (lossless; not with "
                         "--exact; default: 2 with sync, measured on a CPU, 0 with async or --exact; d3d/overlap.py)")
+    g.add_argument("--lookup", type=int, default=None, metavar="N",
+                   help="sync/async: when the last N tokens occurred earlier in the prompt or output, draft by "
+                        "copying what followed them (prompt lookup; lossless) instead of asking the drafter; "
+                        "0 = never (default: the measured choice, d3d/overlap.py)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

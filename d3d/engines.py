@@ -18,7 +18,7 @@ import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .model import Transformer
-from .overlap import OVERLAPS, async_defaults, default_leaves, default_overlap, default_verify_min_prob
+from .overlap import OVERLAPS, async_defaults, default_leaves, default_lookup, default_overlap, default_verify_min_prob
 from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
 
@@ -117,6 +117,7 @@ def generate(
     fanout: int | None = None,
     verify_min_prob: float | None = None,
     leaves: int | None = None,
+    lookup: int | None = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -139,6 +140,9 @@ def generate(
         (``d3d.speculative``): a round whose bonus is one of them commits one more token. None = the
         device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async), or 0 with
         exact (which refuses leaves).
+    lookup: sync/async draft by copying from the context where its last ``lookup`` tokens occurred
+        before (prompt lookup, ``d3d.lookup``), with the drafter elsewhere; 0 never. None = the
+        measured default (``d3d.overlap.default_lookup``: 3 for sync, 0 for async).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -176,9 +180,11 @@ def generate(
         raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
     verify_min_prob = default_verify_min_prob(model.device) if verify_min_prob is None else verify_min_prob
     leaves = (0 if exact else default_leaves(model.device, mode)) if leaves is None else leaves
+    lookup = default_lookup(model.device, mode) if lookup is None else lookup
     if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
         raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
-    for name, value, least in (("hypotheses", hypotheses, 1), ("fanout", fanout, 1), ("leaves", leaves, 0)):
+    for name, value, least in (("hypotheses", hypotheses, 1), ("fanout", fanout, 1), ("leaves", leaves, 0),
+                               ("lookup", lookup, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
     if exact and leaves:
@@ -189,7 +195,7 @@ def generate(
                          "not 'packed' (its joint pass attends all rows at once)")
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob,
-                                leaves)
+                                leaves, lookup)
 
 
 MODES = ("ar", "sync", "async", "dflash")

@@ -33,6 +33,7 @@ class GenerationStats:
     verified_drafts: int = 0  # drafts the target verified, summed over rounds and sequences
     verified_leaves: int = 0  # leaves: bonus candidates verified beside the drafts (d3d.speculative)
     leaf_hits: int = 0  # leaves: rounds whose bonus was a verified leaf (one more token committed)
+    lookup_drafts: int = 0  # lookup: drafts copied from the context instead of drafted (d3d.lookup)
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
     hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences

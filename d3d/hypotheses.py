@@ -59,7 +59,7 @@ def bonus_leaves(drafts: list[int], confidence: list[float], top_ids: list[list[
     logits give the next token: the round commits a + 2 tokens instead of a + 1.
     """
     candidates, prefix = [], 1.0
-    for a in range(min(n + 1, len(drafts))):
+    for a in range(min(n + 1, len(drafts), len(top_ids))):  # no top tokens (a copied draft): no leaves
         candidates.extend(Hypothesis(a, b, prefix * p) for b, p in zip(top_ids[a], top_probs[a])
                           if a == n or b != drafts[a])
         prefix *= confidence[a]

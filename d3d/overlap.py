@@ -256,6 +256,21 @@ def default_leaves(device: torch.device, mode: str) -> int:
     return 0 if mode == "async" else 2
 
 
+def default_lookup(device: torch.device, mode: str) -> int:
+    """``lookup`` of a device and mode: draft by copying from the context after a match of this many
+    tokens (``d3d.lookup``), chosen on validation prompts.
+
+    sync: 3. Qwen2.5-Coder-0.5B with the shipped drafter (P = 0.05, 2 leaves), bf16, 8 validation chat
+    requests x 96 tokens, two runs (docs/results/lookup/validation_choice*.json; AMD EPYC Zen 5, 2 cores,
+    no AMX), speed over bf16 ar: lookup 0 1.61x / 1.67x (τ 2.03), 1 1.95x / -, 2 2.34x / 2.45x (τ 3.28),
+    **3 2.32x / 2.48x** (τ 3.29), 4 2.27x / -. The bundled pair (16 validation code prompts,
+    docs/results/lookup/bundled_validation2.json): 2.02x -> 2.44x (2) / 2.42x (3), although τ fell
+    (5.24 -> 4.64 / 4.56): a copied round skips the drafter pass. 2 and 3 are alike; 3 leans on longer
+    matches. async: 0, unmeasured: where drafting is hidden (a GPU) only τ counts, and the bundled
+    pair's τ fell with lookup; ``python -m bench gpu`` (stage "hypotheses") measures it."""
+    return 0 if mode == "async" else 3
+
+
 def default_mode(device: torch.device) -> str:
     """The speculative mode ``python -m d3d generate`` uses with a D3D drafter: async on CUDA,
     sync on a CPU, where async measured slower than sync in every setting (``async_defaults``)."""
@@ -272,4 +287,4 @@ def closing(overlap: Serial):
 
 __all__ = ["OVERLAPS", "Verification", "Serial", "Threaded", "Streamed", "Packed", "SideStream", "make_overlap",
            "default_overlap", "packed_pair", "closing", "AsyncSettings", "async_defaults", "default_mode",
-           "default_verify_min_prob", "default_leaves"]
+           "default_verify_min_prob", "default_leaves", "default_lookup"]

@@ -3,7 +3,9 @@
 A D3D round, for every active sequence:
 
     1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
-                  outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)]
+                  outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)].
+                  With ``lookup`` n, a row whose last n tokens occurred before copies what followed
+                  them instead (``d3d.lookup``; no drafter pass for it)
     2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
                   with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``).
                   With ``leaves`` L the pass also verifies the L likeliest bonuses the drafter proposed
@@ -41,6 +43,7 @@ from .drafter import Block
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from .kernels.accept import accept
+from .lookup import lookup_chain
 from .model import Transformer
 from .overlap import Verification, closing, make_overlap
 
@@ -70,6 +73,7 @@ class RoundInfo:
     hypotheses: list[Hypothesis] = field(default_factory=list)  # async: the likeliest outcomes (drafted if draft_span)
     hit: int | None = None  # async: index of the hypothesis that matched the outcome
     leaf: int | None = None  # leaves: index of the verified leaf accepted as the last of ``accepted`` drafts
+    copied: bool = False  # lookup: this round's draft was copied from the context (d3d.lookup)
 
 
 @dataclass
@@ -239,6 +243,20 @@ class Drafting:
             return [Hypothesis(len(draft.tokens), None, draft.certainty)]
         return outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, self.K, self.fanout)
 
+    def copy(self, rows: list[int], min_ngram: int) -> list[int]:
+        """Step 1 by lookup: each row whose last ``min_ngram``+ tokens occurred before gets the chain
+        that followed them as its draft (confidence 1: the drafter is not asked; no leaves). Returns
+        the rows that still need the drafter."""
+        rest = []
+        for i in rows:
+            chain = lookup_chain(self.committed[i], min_ngram, self.B - 1)
+            if chain:
+                self.ready[i] = Draft(chain, [1.0] * len(chain), [], [])
+                self.stats.lookup_drafts += 1
+            else:
+                rest.append(i)
+        return rest
+
     def leaves(self, draft: Draft, n: int) -> list[Hypothesis]:
         """Step 2's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed."""
         if not self.L:
@@ -297,6 +315,7 @@ def generate_speculative(
     fanout: int = 1,
     verify_min_prob: float = 0.0,
     leaves: int = 0,
+    lookup: int = 0,
 ) -> GenerationOutput:
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
 
@@ -315,6 +334,9 @@ def generate_speculative(
     unlikely drafts is not worth its rows. 0 verifies every draft. Lossless either way.
     ``leaves``: verify also the L likeliest bonuses the drafter proposed (module docstring); lossless,
     but not with ``exact`` (a leaf attends through a mask, not as a one-token step would).
+    ``lookup``: n >= 1 drafts by copying from the context where its last n tokens occurred before
+    (``d3d.lookup``), the drafter elsewhere; 0 never. In a batch every row verifies as many drafts
+    as the shortest row's draft has.
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
@@ -337,6 +359,10 @@ def generate_speculative(
         while rows := out.active():
             # 1 draft: rows whose last round's hypotheses missed (or had none) draft now
             need = [i for i in rows if side.ready[i] is None]
+            copied = set(need)
+            if lookup:
+                need = side.copy(need, lookup)
+            copied.difference_update(need)
             sync_seconds = 0.0
             if need:
                 fresh, (t0, t1) = clock.timed(lambda: side.draft(need))
@@ -345,9 +371,9 @@ def generate_speculative(
                 sync_seconds = t1 - t0
                 stats.draft_seconds += sync_seconds
             drafts = {i: side.ready[i] for i in rows}
-            n_verify = len(drafts[rows[0]].tokens)
+            n_verify = min(len(drafts[i].tokens) for i in rows)  # a copied chain may be short
             if verify_min_prob > 0:
-                n_verify = max(drafts[i].likely_length(verify_min_prob) for i in rows)
+                n_verify = min(n_verify, max(drafts[i].likely_length(verify_min_prob) for i in rows))
             leaf_rows = [side.leaves(drafts[i], n_verify) for i in rows]
             drafts = {i: d.truncated(n_verify) for i, d in drafts.items()}
             stats.verified_drafts += len(rows) * n_verify
@@ -377,9 +403,10 @@ def generate_speculative(
                 hit = side.settle(i, o, hyps[i], mine)
                 new = seqs.commit(i, o, n_verify)
                 if on_round:
-                    on_round(RoundInfo(rnd, i, list(d.tokens), len(o.accepted), o.bonus, new, i not in need,
+                    ready = i not in need and i not in copied  # a hypothesis of the last round hit
+                    on_round(RoundInfo(rnd, i, list(d.tokens), len(o.accepted), o.bonus, new, ready,
                                        bool(mine) and hit is None, sync_seconds if i in need else 0.0, v_span,
-                                       d_span if mine else None, d.certainty, hyps[i], hit, o.leaf))
+                                       d_span if mine else None, d.certainty, hyps[i], hit, o.leaf, i in copied))
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 

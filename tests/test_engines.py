@@ -20,9 +20,11 @@ V = 48
 
 def generate(*args, **kw):
     """These tests exercise the full D3D async path: a successor every round unless a test says
-    otherwise (the library's CPU default skips unlikely successors, tested separately)."""
+    otherwise (the library's CPU default skips unlikely successors, tested separately), and every
+    draft from the drafter (copied drafts, sync's default, are tested in test_lookup.py)."""
     if kw.get("mode", "ar") != "ar":
         kw.setdefault("successor_threshold", 0.0)
+        kw.setdefault("lookup", 0)
     return _generate(*args, **kw)
 
 

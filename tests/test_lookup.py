@@ -1,0 +1,109 @@
+"""Drafting by lookup (``d3d.lookup``, ``lookup=n``): copied chains, lossless in every mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from d3d.lookup import lookup_chain
+from test_engines import chi2, chi2_threshold, exact_marginals, generate, random_drafter, reference, tiny_target
+
+
+def test_lookup_chain_copies_after_the_longest_most_recent_match():
+    ctx = [1, 2, 3, 9, 9, 4, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert lookup_chain(ctx, 3, 4) == [9, 9, 4, 2]  # "1 2 3" occurred once before
+    assert lookup_chain(ctx, 2, 4) == [9, 9, 4, 2]  # the longest match wins over the more recent "2 3"
+    assert lookup_chain(ctx[:-1] + [6], 1, 3) == []  # 6 never occurred
+    assert lookup_chain([4, 5, 4, 5, 6, 4, 5], 2, 8) == [6, 4, 5]  # most recent: after the 2nd "4 5"
+    assert lookup_chain([7, 7, 7], 2, 5) == [7]  # the match may overlap the tail
+    assert lookup_chain([3, 1, 2, 3, 1], 1, 2, max_ngram=1) == [2, 3]
+    assert lookup_chain([5], 1, 3) == [] and lookup_chain([], 1, 3) == []
+    with pytest.raises(ValueError, match="min_ngram and max_len must be >= 1"):
+        lookup_chain([1, 2], 0, 3)
+
+
+REPEATING = [[3, 7, 1, 3, 7], [5, 5, 5], [2, 9, 11, 4, 8, 1, 1, 6], [10, 12]]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("ngram", [1, 3])
+def test_greedy_with_lookup_equals_ar(mode, ngram):
+    """Copied chains (of any length, beside drafted ones in a batch) never change the output; the
+    tiny random target repeats itself, so chains are copied and accepted."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    ref = reference(target, REPEATING, 40)
+    plain = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter)
+    out = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, lookup=ngram)
+    assert out.tokens == plain.tokens == ref
+    assert plain.stats.lookup_drafts == 0 < out.stats.lookup_drafts < out.stats.rounds
+    assert out.stats.tau > plain.stats.tau
+    for p, r in zip(REPEATING, ref):  # batch of one: chains of their own length
+        assert generate(target, p, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter,
+                        lookup=ngram).tokens == [r]
+
+
+def test_default_lookup_three_for_sync_none_for_async():
+    from d3d.engines import generate as library_generate
+
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    sync = library_generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter)
+    three = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=3)
+    assert sync.stats.lookup_drafts == three.stats.lookup_drafts > 0
+    assert library_generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode="async", drafter=drafter
+                            ).stats.lookup_drafts == 0
+
+
+def test_copied_rounds_are_reported():
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    rounds = []
+    out = generate(target, REPEATING[:1], max_new_tokens=30, stop_ids=[], mode="async", drafter=drafter, lookup=1,
+                   on_round=rounds.append)
+    copied = [r for r in rounds if r.copied]
+    assert len(copied) == out.stats.lookup_drafts > 0
+    assert not any(r.successor_used or r.sync_draft_seconds for r in copied)
+
+
+def test_lookup_with_exact_stops_and_bad_values():
+    target = tiny_target(seed=5).to(torch.bfloat16).pack_for_cpu()
+    drafter = random_drafter(target, 4, seed=3)
+    drafter.model.to(torch.bfloat16).pack_for_cpu()
+    ar = generate(target, REPEATING, max_new_tokens=30, stop_ids=[])
+    out = generate(target, REPEATING, max_new_tokens=30, stop_ids=[], mode="sync", drafter=drafter, exact=True,
+                   lookup=2)
+    assert out.tokens == ar.tokens and out.stats.lookup_drafts > 0  # bit-exact in bf16 too
+    stop = ar.tokens[0][7]
+    expected = generate(target, REPEATING, max_new_tokens=30, stop_ids=[stop]).tokens
+    assert generate(target, REPEATING, max_new_tokens=30, stop_ids=[stop], mode="sync", drafter=drafter,
+                    lookup=1).tokens == expected
+    for bad in (-1, 2.0):
+        with pytest.raises(ValueError, match=f"lookup={bad!r}: must be an integer >= 0"):
+            generate(target, [1, 2], max_new_tokens=3, mode="sync", drafter=drafter, lookup=bad)
+
+
+def test_sampling_with_lookup_follows_the_target_distribution(monkeypatch):
+    """A copied chain is a deterministic draft like the drafter's argmax: accepted with the target's
+    probability, so sampled outputs keep the target's distribution (control: acceptance that ignores
+    T must fail)."""
+    import d3d.speculative as speculative
+
+    vocab, n = 6, 4000
+    target = tiny_target(seed=11, vocab=vocab, std=0.5)
+    drafter = random_drafter(target, 3, seed=12)
+    prompt = [0, 1, 2, 3, 4, 5]  # every token occurred: each row's first draft is copied
+    p2, p3 = exact_marginals(target, prompt, vocab)
+    kw = dict(mode="sync", drafter=drafter, lookup=1)
+    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], **kw)
+    assert out.stats.lookup_drafts >= n
+    toks = torch.tensor(out.tokens)
+    for col, probs in ((1, p2), (2, p3)):
+        stat, dof = chi2(toks[:, col], probs)
+        assert stat < chi2_threshold(dof), f"token {col + 1}: chi2 {stat:.1f} with {dof} dof"
+    real_accept = speculative.accept
+    monkeypatch.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
+    biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
+                                   **kw).tokens)
+    stat, dof = chi2(biased[:, 1], p2)
+    assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
