@@ -89,8 +89,8 @@ def test_bundled_qwen_drafter_files():
 
 @pytest.mark.skipif(not os.environ.get("D3D_QWEN25"), reason="set D3D_QWEN25 to the converted Qwen2.5-Coder directory")
 def test_bundled_qwen_pair_is_lossless():
-    """fp32: sync (with the default 2 bonus leaves), sync with 4 leaves and async equal ar on two
-    HumanEval chat prompts; leaves are hit there."""
+    """fp32: sync (with its defaults: 2 bonus leaves and copied drafts), sync with 4 leaves and no
+    copies, and async equal ar on two HumanEval chat prompts; leaves are hit and drafts copied there."""
     from d3d.prompts import load_prompt_set
 
     target = d3d.load_model(os.environ["D3D_QWEN25"], dtype=torch.float32)
@@ -98,14 +98,15 @@ def test_bundled_qwen_pair_is_lossless():
     drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
     prompts = load_prompt_set("humaneval", tok, 2, chat=True)
     ar = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids())
-    hits = 0
-    for mode, leaves in (("sync", None), ("sync", 4), ("async", None)):
+    hits = copies = 0
+    for mode, kw in (("sync", {}), ("sync", dict(leaves=4, lookup=0)), ("async", {})):
         out = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids(), mode=mode,
-                           drafter=drafter, leaves=leaves)
-        assert out.tokens == ar.tokens, (mode, leaves)
+                           drafter=drafter, **kw)
+        assert out.tokens == ar.tokens, (mode, kw)
         assert out.stats.tau > 1.5
         hits += out.stats.leaf_hits
-    assert hits > 0
+        copies += out.stats.lookup_drafts
+    assert hits > 0 and copies > 0
 
 
 @pytest.mark.skipif(not (DRAFTER / "config.json").exists(), reason="bundled drafter not trained yet")
