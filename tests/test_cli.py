@@ -53,13 +53,18 @@ def test_generate_default_is_the_devices_mode_and_explain(capsys):
 
 
 @pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")
-def test_generate_leaves_explained_and_checked(capsys):
-    """--leaves L: --explain marks the rounds whose bonus was a verified leaf; bad values are refused."""
+def test_generate_leaves_and_lookup_explained_and_checked(capsys):
+    """--leaves L / --lookup N: --explain marks the rounds whose bonus was a verified leaf and the
+    rounds whose draft was copied; bad values are refused."""
     code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "48", "--explain",
                             "--mode", "sync", "--leaves", "4"], capsys)
     assert code == 0 and re.search(r"^round \d+: accepted \d+/\d+ \+ leaf \d", out, re.M)
     assert re.search(r"\{[^}]*\} then <", out)  # the leaf, then the bonus after it
-    for bad, what in ((["--leaves", "-1"], "leaves=-1"), (["--leaves", "2", "--exact"], "exact=True with leaves=2")):
+    code, out, _ = run_cli(["generate", "--prompt", "import os\nimport sys\nimport os", "--max-new-tokens", "48",
+                            "--explain", "--mode", "sync", "--lookup", "1"], capsys)
+    assert code == 0 and "(copied from the context)" in out
+    for bad, what in ((["--leaves", "-1"], "leaves=-1"), (["--leaves", "2", "--exact"], "exact=True with leaves=2"),
+                      (["--lookup", "-2"], "lookup=-2")):
         code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "sync", "--max-new-tokens", "4", *bad], capsys)
         assert code == 2 and what in err, err
 
