@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--modes", nargs="+", default=["sync", "async", "sync+exact"],
                     help="speculative modes; +exact: row-invariant verification (must always agree); "
-                         "+leavesL: L bonus leaves (sync's default: 2)")
+                         "+leavesL: L bonus leaves (sync's default: 2); +lookupN: copied drafts (sync's default: 3)")
     ap.add_argument("--chat", action="store_true",
                     help="ask the prompts as user turns in the target's chat format (humaneval, mtbench) and stop at "
                          "its end-of-turn token, as an instruction-tuned model is used")

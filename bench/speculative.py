@@ -13,8 +13,9 @@ estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses 
 fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
 with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); +exact verifies
 with row-invariant attention (bf16 output equal to ar bit for bit); +leavesL verifies also the L
-likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, leaves_per_round).
-Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``.
+likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, leaves_per_round);
++lookupN copies the draft from the context after an N-token match (``lookup``; the JSON's lookup_rate).
+Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``, ``sync+lookup0``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -43,7 +44,7 @@ from d3d.corpus import training_corpus
 from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 from d3d.train.chat_data import chat_prompts
 
-from .common import check_chat_sets, mode_flags, compare_table, load_json, machine, markdown_table, write_json
+from .common import check_chat_sets, compare_table, load_json, machine, markdown_table, mode_flags, write_json
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
@@ -53,7 +54,8 @@ MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>
 def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
-        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]")
+        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]"
+                         "[+lookupN]")
     name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
@@ -78,8 +80,9 @@ def run_mode(target, drafter, prompt, mode: str, args):
 
 def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
-               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [], "identical": 0,
-               "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0, "lookup": 0} for m in args.modes}
+               "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [],
+               "identical": 0, "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0,
+               "lookup": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32

@@ -66,8 +66,9 @@ class Explainer:
         bonus = self._paint(piece([info.bonus]), "1;33", "<{}>")
         if info.leaf is not None:  # the verified leaf the target chose, then the bonus after it
             bonus = self._paint(piece([info.committed[-2]]), "1;36", "{{{}}}") + " then " + bonus
-        source = "ready: a hypothesis of the previous round hit" if info.successor_used else (
-            "copied from the context" if info.copied else f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
+        source = ("ready: a hypothesis of the previous round hit" if info.successor_used else
+                  "copied from the context" if info.copied else
+                  f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""
         lines = [f"round {info.round}: accepted {a}/{len(info.draft)}{leaf} + bonus ({source})",
