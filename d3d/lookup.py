@@ -28,9 +28,9 @@ def lookup_chain(context: list[int], min_ngram: int, max_len: int, max_ngram: in
 
     context: the committed tokens (prompt + output), the last one the anchor.
 
-    A plain scan, most recent position first: with no match (the worst case) 0.19 ms for 300 tokens
-    of context and 3.5 ms for 4,000 (AMD EPYC Zen 5); small beside a CPU round (~60 ms for the 0.5B
-    target). An index of n-grams kept per sequence would make it constant per round, for long
+    A plain scan, most recent position first: with no match (the worst case) 0.17 ms for 300 tokens
+    of context and 2.5 ms for 4,000 (AMD EPYC Zen 5, docs/results/lookup/scan_cost.txt); small beside
+    a CPU round (~60 ms for the 0.5B target). An index of n-grams kept per sequence would make it constant per round, for long
     contexts on a GPU.
     """
     if min_ngram < 1 or max_len < 1:

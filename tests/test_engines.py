@@ -321,37 +321,41 @@ def chi2(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(stat), int(keep.sum()) + (1 if rest_e > 0 else 0) - 1
 
 
+def assert_samples_follow_target(target, prompt, monkeypatch, n=4000, **kw):
+    """``n`` samples of 3 tokens at T = 1 with ``generate(**kw)``: tokens 2 and 3 must pass a chi-square
+    test against the target's exact marginals, and the same generation with verification that ignores
+    T (accepts a draft iff it is the target's argmax: the negative control) must fail it. Returns the
+    unbiased output (for its statistics)."""
+    p2, p3 = exact_marginals(target, prompt, target.cfg.vocab_size)
+    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], **kw)
+    toks = torch.tensor(out.tokens)
+    for col, probs in ((1, p2), (2, p3)):
+        stat, dof = chi2(toks[:, col], probs)
+        assert stat < chi2_threshold(dof), f"token {col + 1}: chi2 {stat:.1f} with {dof} dof"
+    with monkeypatch.context() as m:
+        real_accept = speculative.accept
+        m.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
+        biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
+                                       **kw).tokens)
+    stat, dof = chi2(biased[:, 1], p2)
+    assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
+    return out
+
+
 @pytest.mark.parametrize("mode", ["sync", "async", "async/4x2", "sync/likely"])
 def test_sampling_follows_the_target_distribution(mode, monkeypatch):
     """At T > 0 the output follows the target's distribution; async/4x2 drafts 4 outcome
     hypotheses (2 bonus candidates per accept length), and a hit is used only when it matches the
     *sampled* bonus; sync/likely verifies only the drafts the drafter believes in (verify_min_prob)."""
-    vocab, n = 6, 4000
-    target = tiny_target(seed=11, vocab=vocab, std=0.5)
+    target = tiny_target(seed=11, vocab=6, std=0.5)
     drafter = random_drafter(target, 3, seed=12)
-    prompt = [1, 2]
-    p2, p3 = exact_marginals(target, prompt, vocab)
     mode, _, hyps = mode.partition("/")
     kw = dict(hypotheses=4, fanout=2) if hyps == "4x2" else dict(verify_min_prob=0.3) if hyps else {}
-    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], mode=mode,
-                   drafter=drafter, **kw)
+    out = assert_samples_follow_target(target, [1, 2], monkeypatch, mode=mode, drafter=drafter, **kw)
     if hyps == "4x2":
         assert out.stats.successor_hits > 100  # hypotheses were used for some of the third tokens
     if hyps == "likely":  # some rounds verified fewer than the block's 2 drafts, some all
         assert 0.5 * out.stats.rounds < out.stats.verified_drafts < 2 * out.stats.rounds
-    toks = torch.tensor(out.tokens)
-    for col, probs in ((1, p2), (2, p3)):
-        stat, dof = chi2(toks[:, col], probs)
-        assert stat < chi2_threshold(dof), f"token {col + 1}: chi2 {stat:.1f} with {dof} dof"
-
-    # Negative control: verification that ignores T (accepts a draft iff it is the target's
-    # argmax) biases the output; the same test must reject it.
-    real_accept = speculative.accept
-    monkeypatch.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
-    biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
-                                   mode=mode, drafter=drafter, **kw).tokens)
-    stat, dof = chi2(biased[:, 1], p2)
-    assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
 
 
 @pytest.mark.parametrize("layers", [1, 2])

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import d3d.speculative as speculative
 from d3d.cache import KVCache
 from d3d.hypotheses import Hypothesis, bonus_leaves
-from test_engines import (PROMPTS, V, OracleDrafter, chi2, chi2_threshold, exact_marginals, generate,
-                          random_drafter, reference, tiny_target)
+from test_engines import (PROMPTS, V, OracleDrafter, assert_samples_follow_target, generate, random_drafter,
+                          reference, tiny_target)
 
 
 def test_bonus_leaves_rank_the_proposed_bonuses():
@@ -102,7 +101,7 @@ def test_greedy_with_leaves_equals_ar(mode, block_size, min_prob):
     assert plain.stats.leaf_hits == plain.stats.verified_leaves == 0
     assert s.leaf_hits > 0 and s.tau > plain.stats.tau and s.rounds < plain.stats.rounds
     assert s.verified_leaves == 6 * s.rounds
-    assert s.tau == pytest.approx(sum(s.num_generated) / s.rounds, abs=1.0)
+    assert round(s.tau * s.rounds) >= sum(s.num_generated) - len(PROMPTS)  # leaf hits count as accepted drafts
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -173,22 +172,8 @@ def test_sampling_with_leaves_follows_the_target_distribution(mode, monkeypatch)
     """At T > 0 a leaf is accepted only when the target's own sample at its position is the leaf, and
     the token after it is a fresh sample from the leaf's logits: the output keeps the target's
     distribution. Control: acceptance that ignores T must fail the same test."""
-    vocab, n = 6, 4000
-    target = tiny_target(seed=11, vocab=vocab, std=0.5)
+    target = tiny_target(seed=11, vocab=6, std=0.5)
     drafter = random_drafter(target, 3, seed=12)
-    prompt = [1, 2]
-    p2, p3 = exact_marginals(target, prompt, vocab)
-    kw = dict(mode=mode, drafter=drafter, leaves=3, verify_min_prob=0.0)
-    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], **kw)
+    out = assert_samples_follow_target(target, [1, 2], monkeypatch, mode=mode, drafter=drafter, leaves=3,
+                                       verify_min_prob=0.0)
     assert out.stats.leaf_hits > 500
-    toks = torch.tensor(out.tokens)
-    for col, probs in ((1, p2), (2, p3)):
-        stat, dof = chi2(toks[:, col], probs)
-        assert stat < chi2_threshold(dof), f"token {col + 1}: chi2 {stat:.1f} with {dof} dof"
-
-    real_accept = speculative.accept
-    monkeypatch.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
-    biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
-                                   **kw).tokens)
-    stat, dof = chi2(biased[:, 1], p2)
-    assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from d3d.lookup import lookup_chain
-from test_engines import chi2, chi2_threshold, exact_marginals, generate, random_drafter, reference, tiny_target
+from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
 
 
 def test_lookup_chain_copies_after_the_longest_most_recent_match():
@@ -87,23 +87,8 @@ def test_sampling_with_lookup_follows_the_target_distribution(monkeypatch):
     """A copied chain is a deterministic draft like the drafter's argmax: accepted with the target's
     probability, so sampled outputs keep the target's distribution (control: acceptance that ignores
     T must fail)."""
-    import d3d.speculative as speculative
-
-    vocab, n = 6, 4000
-    target = tiny_target(seed=11, vocab=vocab, std=0.5)
+    target = tiny_target(seed=11, vocab=6, std=0.5)
     drafter = random_drafter(target, 3, seed=12)
     prompt = [0, 1, 2, 3, 4, 5]  # every token occurred: each row's first draft is copied
-    p2, p3 = exact_marginals(target, prompt, vocab)
-    kw = dict(mode="sync", drafter=drafter, lookup=1)
-    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], **kw)
-    assert out.stats.lookup_drafts >= n
-    toks = torch.tensor(out.tokens)
-    for col, probs in ((1, p2), (2, p3)):
-        stat, dof = chi2(toks[:, col], probs)
-        assert stat < chi2_threshold(dof), f"token {col + 1}: chi2 {stat:.1f} with {dof} dof"
-    real_accept = speculative.accept
-    monkeypatch.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
-    biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
-                                   **kw).tokens)
-    stat, dof = chi2(biased[:, 1], p2)
-    assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
+    out = assert_samples_follow_target(target, prompt, monkeypatch, mode="sync", drafter=drafter, lookup=1)
+    assert out.stats.lookup_drafts >= 4000
