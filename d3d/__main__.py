@@ -501,8 +501,14 @@ def add_train_drafter_parser(sub) -> None:
                                         "ask about functions of the other installed Python sources (torch, pip, "
                                         "setuptools, triton, ...: their training split, minus any function the corpus "
                                         "holds out) before repeating one",
-                     "data_only": "make (or extend) the cached training data in OUT/data and stop: data in "
+                     "data_only": "make (or extend) the training data (--answers, OUT/data) and stop: data in "
                                   "session-sized chunks (with --data-minutes), training later",
+                     "answers": "--data chat: the answer store, a directory of sealed chunks of the target's "
+                                "answers (default OUT/data/answers). Every answer in it trains; requests it lacks "
+                                "are answered until it holds --n-sequences. Commit it (e.g. data/…) and the slow "
+                                "answers outlive the machine; another target or --gen-len is refused",
+                     "requests": "--data chat: what each function is asked, '+'-joined kinds: code (complete it) "
+                                 "and explain (explain it in prose); code+explain asks both in turn",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
                                     "training answers (the head scores only those; needs shared embeddings)",
                      "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "

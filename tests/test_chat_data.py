@@ -210,41 +210,106 @@ def test_extra_functions_come_from_other_sources_and_never_from_held_out_text(tm
         chat_data.chat_prompts(qwen3_tok, str(corpus), frac, 2, "validation", extra_functions=True)
 
 
-def test_more_sequences_reuse_a_finished_smaller_runs_answers(tmp_path, monkeypatch):
-    """Growing --n-sequences generates only the new requests' answers; the rows equal a fresh run's.
-    A cached file that answers other requests (here: another answer cap) is not reused."""
-    import torch
+class _Tok:
+    def stop_token_ids(self):
+        return []
 
+    def token_id(self, _):
+        return 0
+
+
+def _store_setup(monkeypatch, n_prompts=7):
+    """A tiny target, ``n_prompts`` fixed requests and a record of the batch sizes generated."""
     import d3d.train.chat_data as chat_data
     from test_engines import tiny_target
 
     target = tiny_target()
-    prompts = [[1 + i, 2 + i, 3] for i in range(7)]
-    monkeypatch.setattr(chat_data, "chat_prompts", lambda tok, root, frac, n, *a, **k: prompts[:n])
+    requests = [("code", [1 + i, 2 + i, 3]) for i in range(n_prompts)]
+    monkeypatch.setattr(chat_data, "chat_requests", lambda tok, root, frac, n, *a, **k: requests[:n])
     batches, real = [], chat_data.generate
     monkeypatch.setattr(chat_data, "generate", lambda t, p, **kw: batches.append(len(p)) or real(t, p, **kw))
 
-    class Tok:
-        def stop_token_ids(self):
-            return []
-
-        def token_id(self, _):
-            return 0
-
-    def make(n, cache, gen_len=6):
+    def make(n, store, gen_len=6, **kw):
         batches.clear()
-        return chat_data.make_chat_training_data(target, Tok(), None, 0.05, n, gen_len, 16, 0, cache, batch=2,
-                                                 log=lambda *_: None)
+        return chat_data.make_chat_training_data(target, _Tok(), None, 0.05, n, gen_len, 16, 0, store, batch=2,
+                                                 log=lambda *_: None, **kw)
+    return make, batches
 
-    small = make(4, tmp_path / "a")
+
+def test_the_answer_store_grows_by_sealed_chunks_and_refuses_another_target(tmp_path, monkeypatch):
+    """Growing --n-sequences answers only the new requests (a second chunk); the rows equal a fresh
+    store's; the chunks hold what the manifest says; another answer cap is refused, not mixed."""
+    import json
+
+    import torch
+
+    from d3d.train.answer_store import read_chunk
+
+    make, batches = _store_setup(monkeypatch)
+    store = tmp_path / "a"
+    small = make(4, store)
     assert batches == [2, 2]
-    big = make(7, tmp_path / "a")
+    big = make(7, store)
     assert batches == [2, 1]                      # rows 4..6 only
+    assert make(7, store) and batches == []       # nothing left to answer
     fresh = make(7, tmp_path / "b")
     assert batches == [2, 2, 2, 1]
     assert torch.equal(big[0], fresh[0]) and torch.equal(big[1], fresh[1]) and torch.equal(big[0][:4], small[0])
-    make(7, tmp_path / "a", gen_len=5)
-    assert batches == [2, 2, 2, 1]                # other answer cap: nothing reusable
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert [(c["file"], c["rows"], c["kinds"]) for c in manifest["chunks"]] == [
+        ("answers-00000.json.xz", 4, {"code": 4}), ("answers-00001.json.xz", 3, {"code": 3})]
+    rows = read_chunk(store / "answers-00001.json.xz")
+    assert [r.prompt for r in rows] == [[5, 6, 3], [6, 7, 3], [7, 8, 3]] and all(len(r.answer) == 6 for r in rows)
+    assert sum(c["answer_tokens"] for c in manifest["chunks"]) == 42
+    assert (store / ".gitignore").read_text().startswith("pending.pt")
+    with pytest.raises(ValueError, match="capped at 6 tokens.*capped at 5"):
+        make(7, store, gen_len=5)
+    (store / "answers-00001.json.xz").write_bytes(b"not xz")
+    with pytest.raises(ValueError, match="answers-00001.json.xz: not a readable answer chunk"):
+        make(7, store)
+
+
+def test_a_killed_calls_answers_are_sealed_by_the_next_call(tmp_path, monkeypatch):
+    """Answers kept after each batch survive a kill: the next call seals them first and answers
+    only the rest, so the store ends as one uninterrupted call's (no answer lost or doubled)."""
+    import torch
+
+    import d3d.train.common as common
+
+    make, batches = _store_setup(monkeypatch)
+    calls = {"n": 0}
+    real = common.save_atomic
+
+    def killed_after_two_batches(obj, path):
+        real(obj, path)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # the job is killed right after its second batch was saved
+
+    monkeypatch.setattr(common, "save_atomic", killed_after_two_batches)
+    with pytest.raises(KeyboardInterrupt):
+        make(7, tmp_path / "a")
+    monkeypatch.setattr(common, "save_atomic", real)
+    assert (tmp_path / "a" / "pending.pt").is_file()
+    resumed = make(7, tmp_path / "a")
+    assert batches == [2, 1]                      # 4 answers were pending, sealed; 3 made now
+    assert not (tmp_path / "a" / "pending.pt").exists()
+    fresh = make(7, tmp_path / "b")
+    assert torch.equal(resumed[0], fresh[0]) and torch.equal(resumed[1], fresh[1])
+
+
+def test_chat_requests_ask_each_function_each_kind_in_turn(qwen3_tok):
+    """code+explain: function j's code request (as ``chat_prompts`` builds it), then its explain
+    request; unknown kinds are refused."""
+    from d3d.train.chat_data import chat_prompts, chat_requests
+
+    both = chat_requests(qwen3_tok, None, 0.05, 7, kinds=("code", "explain"))
+    assert [k for k, _ in both] == ["code", "explain"] * 3 + ["code"]
+    assert [p for k, p in both if k == "code"] == chat_prompts(qwen3_tok, None, 0.05, 4)
+    assert [p for k, p in both if k == "explain"] == chat_prompts(qwen3_tok, None, 0.05, 3, explain=True)
+    assert "in a few sentences of plain English" in qwen3_tok.decode(both[1][1])
+    with pytest.raises(ValueError, match="request kinds"):
+        chat_requests(qwen3_tok, None, 0.05, 2, kinds=("poem",))
 
 
 def test_data_only_makes_the_data_and_trains_nothing(tmp_path, monkeypatch):
@@ -262,7 +327,7 @@ def test_data_only_makes_the_data_and_trains_nothing(tmp_path, monkeypatch):
     train_target(tcfg, log=lambda *_: None)
     calls = []
     rows = (torch.randint(10, 300, (5, 32)), torch.ones(5, 32))
-    monkeypatch.setattr(trainer, "make_chat_training_data", lambda *a, **kw: calls.append(kw) or rows)
+    monkeypatch.setattr(trainer, "make_chat_training_data", lambda *a, **kw: calls.append(kw | {"store": a[8]}) or rows)
     out = tmp_path / "drafter"
     common = dict(target=tcfg.out, out=str(out), corpus=tcfg.corpus, heldout_fraction=tcfg.heldout_fraction,
                   num_layers=1, block_size=4, window=32, batch_size=2, steps=2)
@@ -273,3 +338,11 @@ def test_data_only_makes_the_data_and_trains_nothing(tmp_path, monkeypatch):
     assert not (out / "model.safetensors").exists() and not (out / "training_state.pt").exists()
     with pytest.raises(ValueError, match="--data chat"):
         train_drafter(DrafterTrainConfig(**common, data="windows", extra_functions=True), log=lambda *_: None)
+    with pytest.raises(ValueError, match="--data chat"):
+        train_drafter(DrafterTrainConfig(**common, data="windows", answers=str(tmp_path / "s")), log=lambda *_: None)
+    with pytest.raises(ValueError, match="--requests='code\\+poem'"):
+        train_drafter(DrafterTrainConfig(**common, data="chat", requests="code+poem"), log=lambda *_: None)
+    train_drafter(DrafterTrainConfig(**common, data="chat", data_only=True, requests="explain+code",
+                                     answers=str(tmp_path / "s")), log=lambda *_: None)
+    assert calls[0]["store"] == out / "data" / "answers" and calls[0]["kinds"] == ("code",)
+    assert calls[-1]["store"] == tmp_path / "s" and calls[-1]["kinds"] == ("explain", "code")

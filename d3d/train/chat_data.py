@@ -5,8 +5,10 @@ windows. The prompts here mimic the HumanEval chat format the benchmark uses, bu
 *training split* of the standard library: each prompt is a function header + docstring cut out
 of a training file with ``ast``, wrapped in a user message (``d3d.prompts.code_request``, three
 phrasings). The target's greedy answer (up to ``gen_len`` tokens, stopping at its end-of-turn
-token) is the supervision. With ``extra_functions`` a longer list goes on, past
-the corpus's own functions, with functions of the other installed Python sources (torch, pip, ...).
+token) is the supervision, kept in an ``AnswerStore`` (a directory that can be committed, so the
+slow answers outlive the machine). With ``extra_functions`` a longer list goes on, past the
+corpus's own functions, with functions of the other installed Python sources (torch, pip, ...).
+Requests may also ask for a prose explanation of a function (``chat_requests``' kinds).
 
 Sequences are stored as fixed ``window``-token rows: the *last* ``window`` tokens of
 prompt + answer (RoPE is relative, so where a window starts does not matter), right-padded
@@ -16,9 +18,8 @@ when shorter. ``loss_mask`` marks the answer tokens, end-of-turn token included.
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 import textwrap
+import time
 from pathlib import Path
 
 import torch
@@ -28,7 +29,8 @@ from ..model import Transformer
 from ..prompts import CHAT_TEMPLATES, code_request, explain_request
 from ..tokenizer import Tokenizer
 from ..corpus import PYTHON_SOURCES, Corpus, find_corpus, read_texts
-from .common import resumable_chunks, save_atomic
+from .answer_store import AnswerStore, target_fingerprint
+from .common import resumable_chunks
 
 def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
     """Header + docstring of every function with a docstring in ``texts`` (dedented, in order)."""
@@ -69,16 +71,11 @@ def extra_train_snippets(corpus: Corpus, heldout_fraction: float, exclude: set[s
     return [extra[k] for k in torch.randperm(len(extra), generator=gen).tolist()]
 
 
-def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, split: str = "train",
-                 seed: int = 0, templates: int = len(CHAT_TEMPLATES), explain: bool = False,
-                 extra_functions: bool = False) -> list[list[int]]:
-    """``n`` chat prompts (token ids) built from function snippets of the ``split`` files: "train",
-    or a held-out part — "validation" (a trainer's τ monitor, checkpoint picks), "evaluation"
-    (reported figures) or "heldout" (both; ``d3d.corpus.Corpus.part``). ``explain``: ask for a
-    prose explanation of each function (``explain_request``) instead of its code. Past the split's
-    functions the requests repeat them; with ``extra_functions`` (train split only) the functions
-    of ``extra_train_snippets`` come first. The first requests never depend on ``n``, so the
-    answers to a shorter list are a prefix of a longer one's (``make_chat_training_data`` reuses them)."""
+def training_functions(corpus_root: str | None, heldout_fraction: float, n: int, split: str = "train",
+                       seed: int = 0, templates: int = len(CHAT_TEMPLATES), extra_functions: bool = False
+                       ) -> tuple[list[str], list[int]]:
+    """``n`` function snippets of the ``split`` files to ask about, and a request template for each
+    (``chat_prompts``). The first picks never depend on ``n``."""
     corpus = find_corpus(corpus_root, heldout_fraction)
     files = corpus.train if split == "train" else corpus.part(split)
     snippets = function_snippets(read_texts(files))
@@ -90,11 +87,40 @@ def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: floa
     pool = [snippets[k] for k in torch.randperm(len(snippets), generator=gen).tolist()]
     if extra_functions and n > len(pool):
         pool += extra_train_snippets(corpus, heldout_fraction, set(snippets), seed)
-    picks = [pool[i % len(pool)] for i in range(n)]
+    return [pool[i % len(pool)] for i in range(n)], torch.randint(0, templates, (n,), generator=gen).tolist()
+
+
+def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, split: str = "train",
+                 seed: int = 0, templates: int = len(CHAT_TEMPLATES), explain: bool = False,
+                 extra_functions: bool = False) -> list[list[int]]:
+    """``n`` chat prompts (token ids) built from function snippets of the ``split`` files: "train",
+    or a held-out part — "validation" (a trainer's τ monitor, checkpoint picks), "evaluation"
+    (reported figures) or "heldout" (both; ``d3d.corpus.Corpus.part``). ``explain``: ask for a
+    prose explanation of each function (``explain_request``) instead of its code. Past the split's
+    functions the requests repeat them; with ``extra_functions`` (train split only) the functions
+    of ``extra_train_snippets`` come first. The first requests never depend on ``n``, so the
+    answers to a shorter list are a prefix of a longer one's."""
+    picks, kinds = training_functions(corpus_root, heldout_fraction, n, split, seed, templates, extra_functions)
     if explain:
         return [tok.encode_chat(explain_request(s)) for s in picks]
-    kinds = torch.randint(0, templates, (n,), generator=gen).tolist()
     return [tok.encode_chat(code_request(s, k)) for s, k in zip(picks, kinds)]
+
+
+REQUEST_KINDS = ("code", "explain")
+
+
+def chat_requests(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, seed: int = 0,
+                  kinds: tuple[str, ...] = ("code",), extra_functions: bool = False) -> list[tuple[str, list[int]]]:
+    """``n`` training requests ``(kind, prompt ids)``, function by function, each function asked
+    as each of ``kinds`` in turn: "code" (complete it, ``code_request``, as ``chat_prompts``) and
+    "explain" (explain it in prose, ``explain_request``: answers like MT-Bench's, where a code
+    drafter is weakest)."""
+    if not kinds or any(k not in REQUEST_KINDS for k in kinds):
+        raise ValueError(f"request kinds {kinds!r}: expected one or more of {', '.join(REQUEST_KINDS)}")
+    picks, templates = training_functions(corpus_root, heldout_fraction, -(-n // len(kinds)), "train", seed,
+                                          extra_functions=extra_functions)
+    ask = {"code": lambda s, t: code_request(s, t), "explain": lambda s, t: explain_request(s)}
+    return [(k, tok.encode_chat(ask[k](s, t))) for s, t in zip(picks, templates) for k in kinds][:n]
 
 
 def to_windows(prompts: list[list[int]], answers: list[list[int]], window: int, pad_id: int
@@ -110,61 +136,39 @@ def to_windows(prompts: list[list[int]], answers: list[list[int]], window: int, 
     return ids, mask
 
 
-def answers_key(prompts: list[list[int]], gen_len: int, target: Transformer) -> str:
-    """Cache key of the target's answers to ``prompts``: the requests, the answer cap and the model."""
-    return hashlib.sha256(json.dumps([prompts, gen_len, target.cfg.to_hf()]).encode()
-                          + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
-
-
-def cached_prefix(prompts: list[list[int]], gen_len: int, target: Transformer, cache_dir: Path) -> list[list[int]]:
-    """The longest finished answers file in ``cache_dir`` that answers a prefix of ``prompts``
-    (its name is the key of the first len(file) requests), or []: growing --n-sequences
-    only generates the new requests' answers."""
-    best: list[list[int]] = []
-    for path in cache_dir.glob("chat-answers-*.pt"):
-        if path.name.endswith(".partial.pt"):
-            continue
-        answers = torch.load(path)
-        m = len(answers)
-        if len(best) < m < len(prompts) and path.name == f"chat-answers-{answers_key(prompts[:m], gen_len, target)}.pt":
-            best = answers
-    return best
-
-
 @torch.no_grad()
 def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | None, heldout_fraction: float,
-                            n_sequences: int, gen_len: int, window: int, seed: int, cache_dir: Path,
+                            n_sequences: int, gen_len: int, window: int, seed: int, store_dir: Path,
                             batch: int = 64, minutes: float | None = None, extra_functions: bool = False,
-                            log=print) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, loss_mask)`` ``[rows, window]``: chat prompts + the target's greedy answers.
+                            kinds: tuple[str, ...] = ("code",), log=print) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, loss_mask)`` ``[rows, window]``: every answer in the store at ``store_dir``
+    (``AnswerStore``), after answering requests (``chat_requests``) it does not hold yet until it
+    holds ``n_sequences``. Answers are generated ``batch`` at a time and kept after each batch
+    (a killed call's answers are sealed by the next); ``minutes``: stop generating after this
+    much wall time and seal what was made — data in chunks that fit a session."""
+    store = AnswerStore(store_dir, target_fingerprint(target), gen_len)
+    dtype = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
+    if store.seal(None, dtype):
+        log(f"{store.root}: sealed the answers a killed call left pending")
+    have = store.sealed()
+    if len(have) < n_sequences:
+        asked, todo = {tuple(a.prompt) for a in have}, []
+        for kind, prompt in chat_requests(tok, corpus_root, heldout_fraction, n_sequences, seed, kinds, extra_functions):
+            if tuple(prompt) not in asked and len(todo) < n_sequences - len(have):  # past the pool, requests repeat
+                asked.add(tuple(prompt))
+                todo.append((kind, prompt))
+        log(f"{store.root}: {len(have)} answers stored, answering {len(todo)} more requests")
+        store.prepare()
+        stops, t0 = tok.stop_token_ids(), time.perf_counter()
 
-    Answers are generated ``batch`` at a time and saved after each batch (an interrupted run
-    resumes where it stopped; a finished smaller run's answers to the same first requests are
-    reused). ``minutes``: stop generating after this much wall time and return the rows answered
-    so far (all earlier invocations' included) — data in chunks that fit a session; a later call
-    with the same settings goes on from there. ``extra_functions``: see ``chat_prompts``."""
-    prompts = chat_prompts(tok, corpus_root, heldout_fraction, n_sequences, "train", seed,
-                           extra_functions=extra_functions)
-    key = answers_key(prompts, gen_len, target)
-    path = cache_dir / f"chat-answers-{key}.pt"
-    partial = cache_dir / f"chat-answers-{key}.partial.pt"
-    if path.is_file():
-        log(f"using cached target answers {path}")
-        answers = torch.load(path)
-    else:
-        if not partial.is_file() and cache_dir.is_dir() and (prefix := cached_prefix(prompts, gen_len, target, cache_dir)):
-            log(f"reusing {len(prefix)} cached answers to the same first requests")
-            save_atomic([prefix], partial)
-        stops = tok.stop_token_ids()
-        chunks = resumable_chunks(
-            partial, n_sequences, batch,
-            lambda i, j: generate(target, prompts[i:j], max_new_tokens=gen_len, stop_ids=stops).tokens,
-            "target answers", "answer tok", lambda rows: sum(map(len, rows)), minutes, log)
-        answers = [a for rows in chunks for a in rows]
-        if len(answers) == n_sequences:
-            save_atomic(answers, path)
-            partial.unlink(missing_ok=True)
-        else:
-            log(f"{len(answers)} of {n_sequences} answers made so far")
+        def answer(i: int, j: int) -> list[tuple[str, list[int], list[int]]]:
+            out = generate(target, [p for _, p in todo[i:j]], max_new_tokens=gen_len, stop_ids=stops).tokens
+            return [(k, p, a) for (k, p), a in zip(todo[i:j], out)]
+
+        resumable_chunks(store.pending_path, len(todo), batch, answer, "target answers", "answer tok",
+                         lambda rows: sum(len(a) for _, _, a in rows), minutes, log)
+        if record := store.seal(time.perf_counter() - t0, dtype):
+            log(f"{store.root / record['file']}: sealed {record['rows']} answers ({record['answer_tokens']} tokens)")
+        have = store.sealed()
     pad = tok.token_id("<|endoftext|>") or 0
-    return to_windows(prompts[:len(answers)], answers, window, pad)
+    return to_windows([a.prompt for a in have], [a.answer for a in have], window, pad)

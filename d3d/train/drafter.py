@@ -38,7 +38,7 @@ from ..precision import resolve_dtype
 from ..prompts import heldout_prompts
 from ..tokenizer import Tokenizer
 from .bd3_compact import compact_layout, grouped_batch, kept_length, length_order
-from .chat_data import chat_prompts, make_chat_training_data
+from .chat_data import REQUEST_KINDS, chat_prompts, make_chat_training_data
 from .common import make_optimizer, resumable_rows, save_atomic
 from .soft_labels import make_soft_labels, soft_cross_entropy
 from .loop import TrainSettings, train_loop
@@ -266,6 +266,8 @@ class DrafterTrainConfig(TrainSettings):
     data_minutes: float | None = None  # chat data: generate answers for at most this long, then train on those made
     extra_functions: bool = False  # chat data: past the corpus's functions, other installed packages' (extra_train_snippets)
     data_only: bool = False  # make (or extend) the cached data, then stop without training
+    answers: str = ""  # chat data: the answer store (AnswerStore); "": OUT/data/answers
+    requests: str = "code"  # chat data: request kinds asked of each function, "+"-joined (chat_requests)
     soft_labels: int = 0  # k > 0: train on the target's top-k distributions (one more target pass per row)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
@@ -361,6 +363,12 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         raise ValueError("--soft-labels needs the target's own text (--data chat or windows), not --data teacher")
     if cfg.extra_functions and cfg.data != "chat":
         raise ValueError("--extra-functions asks about more functions: it needs --data chat")
+    kinds = tuple(cfg.requests.split("+"))
+    if any(k not in REQUEST_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+        raise ValueError(f"--requests={cfg.requests!r}: expected kinds among {', '.join(REQUEST_KINDS)}, "
+                         f"each once, joined by '+' (e.g. code+explain)")
+    if (cfg.answers or cfg.requests != "code") and cfg.data != "chat":
+        raise ValueError("--answers and --requests are about chat answers: they need --data chat")
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
@@ -374,8 +382,10 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
     elif cfg.data == "chat":
         data, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
-                                                  cfg.gen_len, cfg.window, cfg.seed, out / "data",
-                                                  minutes=cfg.data_minutes, extra_functions=cfg.extra_functions, log=log)
+                                                  cfg.gen_len, cfg.window, cfg.seed,
+                                                  Path(cfg.answers) if cfg.answers else out / "data" / "answers",
+                                                  minutes=cfg.data_minutes, extra_functions=cfg.extra_functions,
+                                                  kinds=kinds, log=log)
         eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "validation", seed=1234,
                                     templates=1)
     else:
