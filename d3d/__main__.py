@@ -507,6 +507,10 @@ def add_train_drafter_parser(sub) -> None:
                                 "answers (default OUT/data/answers). Every answer in it trains; requests it lacks "
                                 "are answered until it holds --n-sequences. Commit it (e.g. data/…) and the slow "
                                 "answers outlive the machine; another target or --gen-len is refused",
+                     "init_drafter": "start from this saved drafter (e.g. the one in models/): its weights, "
+                                     "dequantized if stored as int8, and its drafting vocabulary; the optimizer starts "
+                                     "fresh. For going on when no OUT/training_state.pt survives (--resume wins when "
+                                     "one does); the shapes must match (--num-layers, --block-size, --draft-vocab)",
                      "requests": "--data chat: what each function is asked, '+'-joined kinds: code (complete it) "
                                  "and explain (explain it in prose); code+explain asks both in turn",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "

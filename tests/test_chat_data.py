@@ -346,3 +346,43 @@ def test_data_only_makes_the_data_and_trains_nothing(tmp_path, monkeypatch):
                                      answers=str(tmp_path / "s")), log=lambda *_: None)
     assert calls[0]["store"] == out / "data" / "answers" and calls[0]["kinds"] == ("code",)
     assert calls[-1]["store"] == tmp_path / "s" and calls[-1]["kinds"] == ("explain", "code")
+
+
+def test_init_drafter_starts_from_a_saved_int8_drafter_and_its_vocabulary(tmp_path, monkeypatch):
+    """``--init-drafter DIR`` (going on from a committed drafter when no training state survives):
+    the new run starts from DIR's weights, dequantized from int8, and keeps its drafting
+    vocabulary even where its own data would pick other ids; another shape is refused."""
+    import torch
+
+    import d3d.train.drafter as trainer
+    from d3d import load_drafter, load_model
+    from d3d.drafter import save_drafter
+    from d3d.train.drafter import DrafterTrainConfig, train_drafter
+    from d3d.train.target import train_target
+    from test_train_target import tiny_config
+
+    tcfg = tiny_config(tmp_path, steps=2, hidden_size=32, num_heads=2, num_kv_heads=1, num_layers=2,
+                       intermediate_size=64, vocab_size=320, max_positions=256)
+    train_target(tcfg, log=lambda *_: None)
+    data = {"rows": (torch.randint(10, 100, (8, 32)), torch.ones(8, 32))}
+    monkeypatch.setattr(trainer, "make_chat_training_data", lambda *a, **kw: data["rows"])
+    monkeypatch.setattr(trainer, "chat_prompts", lambda *a, **kw: [[11, 12, 13]])
+    common = dict(target=tcfg.out, corpus=tcfg.corpus, heldout_fraction=tcfg.heldout_fraction, data="chat",
+                  num_layers=1, block_size=4, window=32, batch_size=2, draft_vocab=64, eval_every=100,
+                  eval_prompts=1, eval_new_tokens=4, save_every=100, log_every=100)
+    train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "a"), steps=3, lr=0.05), log=lambda *_: None)
+    target = load_model(tcfg.out, dtype="float32")
+    first = load_drafter(tmp_path / "a", target)
+    save_drafter(first, tmp_path / "a8", int8=True)
+    data["rows"] = (torch.randint(150, 300, (8, 32)), torch.ones(8, 32))   # ids the first vocabulary lacks
+    train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "b"), steps=1, lr=1e-9,
+                                     init_drafter=str(tmp_path / "a8")), log=lambda *_: None)
+    train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "c"), steps=1, lr=1e-9), log=lambda *_: None)
+    a8, b, c = (load_drafter(tmp_path / d, target) for d in ("a8", "b", "c"))
+    assert torch.equal(b.vocab_map, first.vocab_map) and not torch.equal(c.vocab_map, first.vocab_map)
+    w = {d: m.model.state_dict()["layers.0.mlp.down_proj.weight"].float() for d, m in (("a8", a8), ("b", b), ("c", c))}
+    assert torch.allclose(w["b"], w["a8"], rtol=1e-2, atol=1e-3)
+    assert not torch.allclose(w["c"], w["a8"], rtol=1e-2, atol=1e-3)
+    with pytest.raises(ValueError, match="--init-drafter .*this run trains"):
+        train_drafter(DrafterTrainConfig(**{**common, "num_layers": 2}, out=str(tmp_path / "d"), steps=1,
+                                         init_drafter=str(tmp_path / "a8")), log=lambda *_: None)

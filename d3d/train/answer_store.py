@@ -58,12 +58,7 @@ class AnswerStore:
         self.root, self.manifest_path = Path(root), Path(root) / "manifest.json"
         self.pending_path = self.root / "pending.pt"
         if self.manifest_path.is_file():
-            try:
-                self.manifest = json.loads(self.manifest_path.read_text())
-            except (OSError, ValueError) as e:
-                raise ValueError(f"{self.manifest_path}: not a readable answer-store manifest ({e})") from None
-            if self.manifest.get("format") != FORMAT:
-                raise ValueError(f"{self.manifest_path}: format {self.manifest.get('format')!r}, expected {FORMAT}")
+            self.manifest = read_manifest(self.root)
             if (self.manifest["target"], self.manifest["gen_len"]) != (target, gen_len):
                 raise ValueError(
                     f"{self.root}: answers of target {self.manifest['target']} capped at {self.manifest['gen_len']} "
@@ -76,7 +71,7 @@ class AnswerStore:
     def sealed(self) -> list[Answer]:
         """The sealed chunks' answers, in chunk order."""
         if self._sealed is None:
-            self._sealed = [a for c in self.manifest["chunks"] for a in read_chunk(self.root / c["file"])]
+            self._sealed = sealed_answers(self.root, self.manifest)
         return self._sealed
 
     def pending(self) -> list[Answer]:
@@ -117,6 +112,23 @@ class AnswerStore:
         ignore = self.root / ".gitignore"
         if not ignore.is_file():
             ignore.write_text("pending.pt\n.*.tmp\n")
+
+
+def read_manifest(root: str | Path) -> dict:
+    path = Path(root) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable answer-store manifest ({e})") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT}")
+    return manifest
+
+
+def sealed_answers(root: str | Path, manifest: dict | None = None) -> list[Answer]:
+    """Every sealed answer of the store at ``root``, in chunk order (no target needed: for reading)."""
+    manifest = manifest or read_manifest(root)
+    return [a for c in manifest["chunks"] for a in read_chunk(Path(root) / c["file"])]
 
 
 def write_chunk(path: Path, answers: list[Answer]) -> None:

@@ -27,9 +27,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import load_model
+from ..checkpoint import SHARED_EMBEDDINGS, load_model, read_state
+from ..config import ModelConfig
 from ..corpus import find_corpus, read_texts, training_corpus
-from ..drafter import Drafter, DrafterConfig, draft_head, drafter_model_config, save_drafter
+from ..drafter import DRAFT_VOCAB, Drafter, DrafterConfig, draft_head, drafter_model_config, save_drafter
 from ..engines import generate
 from ..files import write_json
 from ..kernels.attention import bd3_training_mask
@@ -268,6 +269,7 @@ class DrafterTrainConfig(TrainSettings):
     data_only: bool = False  # make (or extend) the cached data, then stop without training
     answers: str = ""  # chat data: the answer store (AnswerStore); "": OUT/data/answers
     requests: str = "code"  # chat data: request kinds asked of each function, "+"-joined (chat_requests)
+    init_drafter: str = ""  # start from this saved drafter's weights and drafting vocabulary (fresh optimizer)
     soft_labels: int = 0  # k > 0: train on the target's top-k distributions (one more target pass per row)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
@@ -347,6 +349,24 @@ def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig,
     return Drafter(model, dcfg, vocab_map)
 
 
+def saved_drafter_weights(path: str, cfg: DrafterTrainConfig, mask_id: int) -> tuple[dict, torch.Tensor | None]:
+    """The own weights (dequantized when stored as int8) and the drafting vocabulary of the drafter
+    saved at ``path``: a run that starts from a committed drafter when no training state survives.
+    Its shape must be the one ``cfg`` trains."""
+    mcfg = ModelConfig.load(path)
+    source = f"--init-drafter {path}"
+    dcfg = DrafterConfig.from_model_config(mcfg, str(Path(path) / "config.json"))
+    theirs = (mcfg.num_hidden_layers, dcfg.block_size, dcfg.draft_vocab_size, dcfg.shared_embeddings, dcfg.mask_token_id)
+    ours = (cfg.num_layers, cfg.block_size, cfg.draft_vocab, cfg.shared_embeddings, mask_id)
+    if theirs != ours:
+        raise ValueError(f"{source}: (layers, block size, drafting vocabulary, shared embeddings, mask id) = {theirs}, "
+                         f"but this run trains {ours}: pass the same --num-layers, --block-size, --draft-vocab")
+    K = dcfg.draft_vocab_size
+    state, extra = read_state(Path(path), mcfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
+                              extra={DRAFT_VOCAB: (K,)} if K else None, int8=dcfg.int8_weights)
+    return {k: v.float() for k, v in state.items()}, extra[DRAFT_VOCAB] if K else None
+
+
 def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -403,10 +423,15 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         return {"history": [], "data_rows": data.shape[0]}
     L = data.shape[1]
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
-    vocab_map = label_map = None
+    vocab_map = label_map = init_state = None
+    if cfg.init_drafter:
+        init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
+                                                      pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id))
+        log(f"starting from the drafter in {cfg.init_drafter} (its weights and drafting vocabulary)")
     if cfg.draft_vocab:
-        vocab_map = drafting_vocabulary(data if labels is None else labels.clamp(min=0), loss_mask, cfg.draft_vocab,
-                                        target.cfg.vocab_size, out / "draft_vocab.pt", resume, log)
+        if vocab_map is None:
+            vocab_map = drafting_vocabulary(data if labels is None else labels.clamp(min=0), loss_mask, cfg.draft_vocab,
+                                            target.cfg.vocab_size, out / "draft_vocab.pt", resume, log)
         label_map = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
         label_map[vocab_map] = torch.arange(vocab_map.numel())
         covered = (label_map[data if labels is None else labels.clamp(min=0)] >= 0)[loss_mask > 0].float().mean().item()
@@ -414,6 +439,11 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
             f"{100 * covered:.2f}% of the supervised training tokens")
     drafter = build_drafter(target, tok, cfg, vocab_map)
     model = drafter.model
+    if init_state is not None:  # a resumed run's training state, loaded by train_loop, overrides these
+        missing = [k for k in model.load_state_dict(init_state, strict=False).missing_keys
+                   if k not in SHARED_EMBEDDINGS or not cfg.shared_embeddings]
+        if missing:
+            raise ValueError(f"--init-drafter {cfg.init_drafter}: no weights for {missing[:4]}")
     model.train()
     trainable = [p for n, p in model.named_parameters() if not (cfg.shared_embeddings and ("embed_tokens" in n or "lm_head" in n))]
     for p in model.parameters():
