@@ -496,7 +496,8 @@ def add_train_drafter_parser(sub) -> None:
                      "gen_len": "tokens the target generates per prompt (chat: at most, it stops at end of turn)",
                      "data_minutes": "--data chat: generate answers for at most M minutes in this invocation, then "
                                      "train on every answer made so far (earlier invocations' included; the same "
-                                     "command later goes on generating where it stopped)",
+                                     "command later goes on generating where it stopped); 0: train on what the "
+                                     "answer store holds",
                      "extra_functions": "--data chat: when --n-sequences exceeds the corpus's training functions, "
                                         "ask about functions of the other installed Python sources (torch, pip, "
                                         "setuptools, triton, ...: their training split, minus any function the corpus "

@@ -249,6 +249,7 @@ def test_the_answer_store_grows_by_sealed_chunks_and_refuses_another_target(tmp_
     store = tmp_path / "a"
     small = make(4, store)
     assert batches == [2, 2]
+    assert torch.equal(make(7, store, minutes=0)[0], small[0]) and batches == []   # --data-minutes 0: as stored
     big = make(7, store)
     assert batches == [2, 1]                      # rows 4..6 only
     assert make(7, store) and batches == []       # nothing left to answer

@@ -151,7 +151,7 @@ def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: st
     if store.seal(None, dtype):
         log(f"{store.root}: sealed the answers a killed call left pending")
     have = store.sealed()
-    if len(have) < n_sequences:
+    if len(have) < n_sequences and minutes != 0:  # --data-minutes 0: train on what the store holds
         asked, todo = {tuple(a.prompt) for a in have}, []
         for kind, prompt in chat_requests(tok, corpus_root, heldout_fraction, n_sequences, seed, kinds, extra_functions):
             if tuple(prompt) not in asked and len(todo) < n_sequences - len(have):  # past the pool, requests repeat
