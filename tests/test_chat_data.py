@@ -247,6 +247,8 @@ def test_the_answer_store_grows_by_sealed_chunks_and_refuses_another_target(tmp_
 
     make, batches = _store_setup(monkeypatch)
     store = tmp_path / "a"
+    with pytest.raises(ValueError, match="no answers to train on"):
+        make(4, store, minutes=0)
     small = make(4, store)
     assert batches == [2, 2]
     assert torch.equal(make(7, store, minutes=0)[0], small[0]) and batches == []   # --data-minutes 0: as stored

@@ -170,5 +170,7 @@ def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: st
         if record := store.seal(time.perf_counter() - t0, dtype):
             log(f"{store.root / record['file']}: sealed {record['rows']} answers ({record['answer_tokens']} tokens)")
         have = store.sealed()
+    if not have:
+        raise ValueError(f"{store.root}: no answers to train on (--data-minutes {minutes} made none)")
     pad = tok.token_id("<|endoftext|>") or 0
     return to_windows([a.prompt for a in have], [a.answer for a in have], window, pad)
