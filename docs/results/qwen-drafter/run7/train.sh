@@ -7,5 +7,5 @@
 exec python -m d3d train-drafter --target "${TARGET:-runs/qwen2.5-coder-0.5b-instruct}" --out "${OUT:-runs/qwen-drafter-v8}" \
   --data chat --answers data/qwen2.5-coder-answers --data-minutes 0 --gen-len 160 --window 256 \
   --num-layers 2 --draft-vocab 16384 --init-drafter models/d3d-drafter-qwen2.5-coder-0.5b \
-  --threads 2 --batch-size 8 --steps 1000 --lr 3e-4 --warmup 50 --eval-every 250 \
+  --threads 2 --batch-size 8 --steps 1000 --lr 3e-4 --warmup 50 --eval-every 500 \
   --eval-prompts 16 --eval-new-tokens 64 --save-every 50 --log-every 10 "$@"
