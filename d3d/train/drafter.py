@@ -394,16 +394,16 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
     tok = Tokenizer.load(cfg.target)
     labeller = labelling_model(cfg.target, target)
-    labels = None
+    labels, data_dir = None, out / "data"
     if cfg.data == "teacher":
         data, labels = make_teacher_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.window,
                                          cfg.seed, out / "data", log=log)
         loss_mask = (labels >= 0).float()
         eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
     elif cfg.data == "chat":
+        data_dir = Path(cfg.answers) if cfg.answers else out / "data" / "answers"
         data, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
-                                                  cfg.gen_len, cfg.window, cfg.seed,
-                                                  Path(cfg.answers) if cfg.answers else out / "data" / "answers",
+                                                  cfg.gen_len, cfg.window, cfg.seed, data_dir,
                                                   minutes=cfg.data_minutes, extra_functions=cfg.extra_functions,
                                                   kinds=kinds, log=log)
         eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "validation", seed=1234,
@@ -419,7 +419,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         soft = make_soft_labels(labeller, data, lengths, cfg.soft_labels, out / "data", log=log)
     del labeller
     if cfg.data_only:
-        log(f"--data-only: {data.shape[0]} rows of training data in {out / 'data'}; no training")
+        log(f"--data-only: {data.shape[0]} rows of training data in {data_dir}; no training")
         return {"history": [], "data_rows": data.shape[0]}
     L = data.shape[1]
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
