@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Superseded (2026-12-02, eighth session) by the committed answer store, which outlives the machine: see
+# data/qwen2.5-coder-answers/README.md. This script now writes its answers to a store under OUT/data/answers.
 # Issue 16, 2026-12-01 (fourth session): twice the chat answers, in session-sized chunks. The first 5,600 requests
 # are the earlier runs' (their answers are reused when OUT/data holds them); the next 205 ask about the rest of
 # the standard library's training functions, the other 5,395 about functions of the installed torch / pip /
