@@ -368,7 +368,8 @@ def test_init_drafter_starts_from_a_saved_int8_drafter_and_its_vocabulary(tmp_pa
                        intermediate_size=64, vocab_size=320, max_positions=256)
     train_target(tcfg, log=lambda *_: None)
     data = {"rows": (torch.randint(10, 100, (8, 32)), torch.ones(8, 32))}
-    monkeypatch.setattr(trainer, "make_chat_training_data", lambda *a, **kw: data["rows"])
+    made = []
+    monkeypatch.setattr(trainer, "make_chat_training_data", lambda *a, **kw: made.append(1) or data["rows"])
     monkeypatch.setattr(trainer, "chat_prompts", lambda *a, **kw: [[11, 12, 13]])
     common = dict(target=tcfg.out, corpus=tcfg.corpus, heldout_fraction=tcfg.heldout_fraction, data="chat",
                   num_layers=1, block_size=4, window=32, batch_size=2, draft_vocab=64, eval_every=100,
@@ -386,6 +387,8 @@ def test_init_drafter_starts_from_a_saved_int8_drafter_and_its_vocabulary(tmp_pa
     w = {d: m.model.state_dict()["layers.0.mlp.down_proj.weight"].float() for d, m in (("a8", a8), ("b", b), ("c", c))}
     assert torch.allclose(w["b"], w["a8"], rtol=1e-2, atol=1e-3)
     assert not torch.allclose(w["c"], w["a8"], rtol=1e-2, atol=1e-3)
+    made.clear()
     with pytest.raises(ValueError, match="--init-drafter .*this run trains"):
         train_drafter(DrafterTrainConfig(**{**common, "num_layers": 2}, out=str(tmp_path / "d"), steps=1,
                                          init_drafter=str(tmp_path / "a8")), log=lambda *_: None)
+    assert not made                               # refused before any data is made

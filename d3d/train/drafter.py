@@ -393,6 +393,11 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
     tok = Tokenizer.load(cfg.target)
+    vocab_map = init_state = None
+    if cfg.init_drafter:  # checked before the data, which may take an hour to make
+        init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
+                                                      pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id))
+        log(f"starting from the drafter in {cfg.init_drafter} (its weights and drafting vocabulary)")
     labeller = labelling_model(cfg.target, target)
     labels, data_dir = None, out / "data"
     if cfg.data == "teacher":
@@ -423,11 +428,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         return {"history": [], "data_rows": data.shape[0]}
     L = data.shape[1]
     attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
-    vocab_map = label_map = init_state = None
-    if cfg.init_drafter:
-        init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
-                                                      pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id))
-        log(f"starting from the drafter in {cfg.init_drafter} (its weights and drafting vocabulary)")
+    label_map = None
     if cfg.draft_vocab:
         if vocab_map is None:
             vocab_map = drafting_vocabulary(data if labels is None else labels.clamp(min=0), loss_mask, cfg.draft_vocab,
