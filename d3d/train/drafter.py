@@ -267,9 +267,9 @@ class DrafterTrainConfig(TrainSettings):
     data_minutes: float | None = None  # chat data: generate answers for at most this long, then train on those made
     extra_functions: bool = False  # chat data: past the corpus's functions, other installed packages' (extra_train_snippets)
     data_only: bool = False  # make (or extend) the cached data, then stop without training
-    answers: str = ""  # chat data: the answer store (AnswerStore); "": OUT/data/answers
+    answers: str | None = None  # chat data: the answer store (AnswerStore); None: OUT/data/answers
     requests: str = "code"  # chat data: request kinds asked of each function, "+"-joined (chat_requests)
-    init_drafter: str = ""  # start from this saved drafter's weights and drafting vocabulary (fresh optimizer)
+    init_drafter: str | None = None  # start from this saved drafter's weights and drafting vocabulary (fresh optimizer)
     soft_labels: int = 0  # k > 0: train on the target's top-k distributions (one more target pass per row)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
