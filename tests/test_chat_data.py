@@ -243,7 +243,7 @@ def test_the_answer_store_grows_by_sealed_chunks_and_refuses_another_target(tmp_
 
     import torch
 
-    from d3d.train.answer_store import read_chunk
+    from d3d.train.answer_store import AnswerStore, read_chunk
 
     make, batches = _store_setup(monkeypatch)
     store = tmp_path / "a"
@@ -265,6 +265,11 @@ def test_the_answer_store_grows_by_sealed_chunks_and_refuses_another_target(tmp_
     assert [r.prompt for r in rows] == [[5, 6, 3], [6, 7, 3], [7, 8, 3]] and all(len(r.answer) == 6 for r in rows)
     assert sum(c["answer_tokens"] for c in manifest["chunks"]) == 42
     assert (store / ".gitignore").read_text().startswith("pending.pt")
+    assert AnswerStore(store, manifest["target"], 6).drop(lambda a: a.prompt == [6, 7, 3], "a test") == 1
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert (manifest["chunks"][1]["rows"], manifest["chunks"][1]["dropped"], manifest["chunks"][1]["why"]) == (2, 1, "a test")
+    assert [r.prompt for r in read_chunk(store / "answers-00001.json.xz")] == [[5, 6, 3], [7, 8, 3]]
+    assert manifest["chunks"][0]["rows"] == 4 and "dropped" not in manifest["chunks"][0]
     with pytest.raises(ValueError, match="capped at 6 tokens.*capped at 5"):
         make(7, store, gen_len=5)
     (store / "answers-00001.json.xz").write_bytes(b"not xz")
@@ -392,3 +397,21 @@ def test_init_drafter_starts_from_a_saved_int8_drafter_and_its_vocabulary(tmp_pa
         train_drafter(DrafterTrainConfig(**{**common, "num_layers": 2}, out=str(tmp_path / "d"), steps=1,
                                          init_drafter=str(tmp_path / "a8")), log=lambda *_: None)
     assert not made                               # refused before any data is made
+
+
+def test_training_requests_leave_out_functions_whose_text_is_also_held_out(tmp_path):
+    """A training file's function whose exact text is also in a held-out file is never asked about
+    (the standard library has 4 such duplicates); the other requests keep their order and phrasing."""
+    import d3d.train.chat_data as chat_data
+
+    frac = 0.3
+    corpus = tmp_path / "corpus"
+    _write_split(corpus, ["alpha", "beta", "dup", "held_x"], frac, {"held_x"})
+    held_file = next(corpus.glob("held_x_*.py"))
+    held_file.write_text(held_file.read_text() + "\n" + _function("dup") + "    return x\n")
+    picks, kinds = chat_data.training_functions(str(corpus), frac, 6, "train", seed=3)
+    assert picks and not any("def dup" in p for p in picks) and len(picks) == len(kinds) < 6
+    assert any("def alpha" in p for p in picks) and any("def beta" in p for p in picks)
+    held_file.write_text(held_file.read_text().replace("def dup", "def other"))
+    all_picks, all_kinds = chat_data.training_functions(str(corpus), frac, 6, "train", seed=3)
+    assert [(p, k) for p, k in zip(all_picks, all_kinds) if "def dup" not in p] == list(zip(picks, kinds))

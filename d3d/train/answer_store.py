@@ -91,11 +91,7 @@ class AnswerStore:
             return None
         name = f"answers-{len(self.manifest['chunks']):05d}.json.xz"
         write_chunk(self.root / name, answers)
-        kinds: dict[str, int] = {}
-        for a in answers:
-            kinds[a.kind] = kinds.get(a.kind, 0) + 1
-        record = {"file": name, "rows": len(answers), "answer_tokens": sum(len(a.answer) for a in answers),
-                  "kinds": kinds, "dtype": dtype,
+        record = {"file": name, **chunk_record(answers), "dtype": dtype,
                   "seconds": None if seconds is None else round(seconds), "sealed": time.strftime("%Y-%m-%d")}
         self.manifest["chunks"].append(record)
         write_json(self.manifest_path, self.manifest)
@@ -103,12 +99,37 @@ class AnswerStore:
         self._sealed = None
         return record
 
+    def drop(self, unwanted, why: str) -> int:
+        """Rewrite the sealed chunks without the answers ``unwanted(answer)`` flags (e.g. requests
+        found to ask about held-out text); each changed chunk's record notes how many and why.
+        Returns how many were dropped."""
+        dropped = 0
+        for record in self.manifest["chunks"]:
+            answers = read_chunk(self.root / record["file"])
+            kept = [a for a in answers if not unwanted(a)]
+            if len(kept) == len(answers):
+                continue
+            write_chunk(self.root / record["file"], kept)
+            record.update(chunk_record(kept), dropped=record.get("dropped", 0) + len(answers) - len(kept), why=why)
+            dropped += len(answers) - len(kept)
+        write_json(self.manifest_path, self.manifest)
+        self._sealed = None
+        return dropped
+
     def prepare(self) -> None:
         """Create the directory, with a .gitignore that keeps the pending file out of commits."""
         self.root.mkdir(parents=True, exist_ok=True)
         ignore = self.root / ".gitignore"
         if not ignore.is_file():
             ignore.write_text("pending.pt\n.*.tmp\n")
+
+
+def chunk_record(answers: list[Answer]) -> dict:
+    """What the manifest says of a chunk's content: rows, answer tokens, rows per request kind."""
+    kinds: dict[str, int] = {}
+    for a in answers:
+        kinds[a.kind] = kinds.get(a.kind, 0) + 1
+    return {"rows": len(answers), "answer_tokens": sum(len(a.answer) for a in answers), "kinds": kinds}
 
 
 def read_manifest(root: str | Path) -> dict:

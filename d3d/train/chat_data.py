@@ -75,7 +75,10 @@ def training_functions(corpus_root: str | None, heldout_fraction: float, n: int,
                        seed: int = 0, templates: int = len(CHAT_TEMPLATES), extra_functions: bool = False
                        ) -> tuple[list[str], list[int]]:
     """``n`` function snippets of the ``split`` files to ask about, and a request template for each
-    (``chat_prompts``). The first picks never depend on ``n``."""
+    (``chat_prompts``). The first picks never depend on ``n``. For the train split, a function whose
+    text also occurs in a held-out file is left out (so at most ``n``): the standard library holds
+    4 such duplicates among its 5,601 training functions, which the validation and evaluation
+    requests could ask about (caught by tests/test_committed_answers.py)."""
     corpus = find_corpus(corpus_root, heldout_fraction)
     files = corpus.train if split == "train" else corpus.part(split)
     snippets = function_snippets(read_texts(files))
@@ -87,7 +90,13 @@ def training_functions(corpus_root: str | None, heldout_fraction: float, n: int,
     pool = [snippets[k] for k in torch.randperm(len(snippets), generator=gen).tolist()]
     if extra_functions and n > len(pool):
         pool += extra_train_snippets(corpus, heldout_fraction, set(snippets), seed)
-    return [pool[i % len(pool)] for i in range(n)], torch.randint(0, templates, (n,), generator=gen).tolist()
+    picks = [pool[i % len(pool)] for i in range(n)]
+    kinds = torch.randint(0, templates, (n,), generator=gen).tolist()
+    if split != "train":
+        return picks, kinds
+    held = {s.strip() for s in function_snippets(read_texts(corpus.heldout))}
+    kept = [(s, k) for s, k in zip(picks, kinds) if s.strip() not in held]  # filtered after the draw: the rest keep
+    return [s for s, _ in kept], [k for _, k in kept]                       # their order and phrasing
 
 
 def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, split: str = "train",
