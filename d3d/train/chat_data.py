@@ -54,16 +54,17 @@ def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
     return out
 
 
-def extra_train_snippets(corpus: Corpus, heldout_fraction: float, exclude: set[str], seed: int) -> list[str]:
+def extra_train_snippets(corpus: Corpus, heldout_fraction: float, exclude: set[str], seed: int,
+                         held: set[str] | None = None) -> list[str]:
     """Functions to ask about beyond ``corpus``: those of the training split of ``--corpus
     python-sources`` (the standard library + torch, pip, setuptools, triton, ...) in files outside
     ``corpus``, shuffled by ``seed``. A function whose text is in ``exclude`` (the caller's own)
     or anywhere in ``corpus``'s held-out files is left out, so a vendored copy of a held-out
     function never becomes training data. The installed packages vary by machine, and so does
-    this list (the answers' cache key covers it)."""
+    this list (the answer store asks each request once, by content)."""
     if str(corpus.root) == PYTHON_SOURCES:
         return []
-    held = set(function_snippets(read_texts(corpus.heldout)))
+    held = set(function_snippets(read_texts(corpus.heldout))) if held is None else held  # the caller's, if parsed
     own = set(corpus.train) | set(corpus.heldout)
     files = [p for p in find_corpus(PYTHON_SOURCES, heldout_fraction).train if p not in own]
     extra = list(dict.fromkeys(s for s in function_snippets(read_texts(files)) if s not in exclude and s not in held))
@@ -88,13 +89,14 @@ def training_functions(corpus_root: str | None, heldout_fraction: float, n: int,
         raise ValueError(f"extra_functions: only for the train split, not {split!r}")
     gen = torch.Generator().manual_seed(seed)
     pool = [snippets[k] for k in torch.randperm(len(snippets), generator=gen).tolist()]
+    held = set(function_snippets(read_texts(corpus.heldout))) if split == "train" else set()
     if extra_functions and n > len(pool):
-        pool += extra_train_snippets(corpus, heldout_fraction, set(snippets), seed)
+        pool += extra_train_snippets(corpus, heldout_fraction, set(snippets), seed, held)
     picks = [pool[i % len(pool)] for i in range(n)]
     kinds = torch.randint(0, templates, (n,), generator=gen).tolist()
     if split != "train":
         return picks, kinds
-    held = {s.strip() for s in function_snippets(read_texts(corpus.heldout))}
+    held = {s.strip() for s in held}
     kept = [(s, k) for s, k in zip(picks, kinds) if s.strip() not in held]  # filtered after the draw: the rest keep
     return [s for s, _ in kept], [k for _, k in kept]                       # their order and phrasing
 
