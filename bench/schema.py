@@ -28,6 +28,8 @@ agreement: ``results`` = [{set, prompt, mode, identical}], ``summary`` {mode: {p
 gpu: ``device`` (versions, device name, memory), ``stages`` {name: {status ok|failed|timeout|skipped,
     returncode, seconds, command, and log, tables (its Markdown rows), last_lines when it ran}};
     each stage's own JSON sits beside it in the output directory.
+answers: ``results`` = [{mode, seconds, answer_tokens, tok_s, same_answers}] (one row per generation
+    mode, same requests), ``target``, ``dtype``.
 parity: ``results`` = [{prompt, prompt_tokens, max_abs_logit_diff, argmax_agree, greedy_tokens,
     greedy_identical, ...}] for one real checkpoint (``model``, ``parameters``) vs transformers.
 """
@@ -104,6 +106,11 @@ def validate(payload: dict) -> None:
             _check(row, {"status": str, "seconds": NUM, "command": str}, f"$.stages.{name}")
             if row["status"] not in ("ok", "failed", "timeout", "skipped"):
                 raise ValueError(f"$.stages.{name}.status: unknown status {row['status']!r}")
+    elif kind == "answers":
+        _check(payload, {"config": dict, "results": list, "target": str, "dtype": str}, "$")
+        for i, row in enumerate(payload["results"]):
+            _check(row, {"mode": str, "seconds": NUM, "answer_tokens": int, "tok_s": NUM, "same_answers": int},
+                   f"$.results[{i}]")
     elif kind == "parity":
         _check(payload, {"config": dict, "results": list, "model": str, "parameters": int}, "$")
         for i, row in enumerate(payload["results"]):

@@ -193,6 +193,16 @@ class KVCache:
                 t[row, :, n].copy_(t[row, :, slot])
         self.lengths[row] = n + 1
 
+    def share_prefix(self, src: int, dst: int, length: int) -> None:
+        """Make ``row dst`` hold the first ``length`` positions of ``row src`` (a prompt prefix
+        computed once and given to many sequences, ``d3d.continuous``): K/V copied, nothing recomputed."""
+        if src == dst or not 0 <= length <= self.lengths[src]:
+            raise ValueError(f"share_prefix(src={src}, dst={dst}, length={length}): needs two rows and "
+                             f"length in [0, {self.lengths[src]}]")
+        for t in self.k + self.v:
+            t[dst, :, :length].copy_(t[src, :, :length])
+        self.lengths[dst] = length
+
     def reset(self) -> None:
         self.lengths = [0] * self.rows
 

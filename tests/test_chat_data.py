@@ -226,8 +226,8 @@ def _store_setup(monkeypatch, n_prompts=7):
     target = tiny_target()
     requests = [("code", [1 + i, 2 + i, 3]) for i in range(n_prompts)]
     monkeypatch.setattr(chat_data, "chat_requests", lambda tok, root, frac, n, *a, **k: requests[:n])
-    batches, real = [], chat_data.generate
-    monkeypatch.setattr(chat_data, "generate", lambda t, p, **kw: batches.append(len(p)) or real(t, p, **kw))
+    batches, real = [], chat_data.generate_continuous
+    monkeypatch.setattr(chat_data, "generate_continuous", lambda t, p, n, **kw: batches.append(len(p)) or real(t, p, n, **kw))
 
     def make(n, store, gen_len=6, **kw):
         batches.clear()

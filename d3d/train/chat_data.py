@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..engines import generate
+from ..continuous import generate_continuous
 from ..model import Transformer
 from ..prompts import CHAT_TEMPLATES, code_request, explain_request
 from ..tokenizer import Tokenizer
@@ -150,13 +150,14 @@ def to_windows(prompts: list[list[int]], answers: list[list[int]], window: int, 
 @torch.no_grad()
 def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | None, heldout_fraction: float,
                             n_sequences: int, gen_len: int, window: int, seed: int, store_dir: Path,
-                            batch: int = 64, minutes: float | None = None, extra_functions: bool = False,
+                            batch: int = 512, slots: int = 64, minutes: float | None = None, extra_functions: bool = False,
                             kinds: tuple[str, ...] = ("code",), log=print) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids, loss_mask)`` ``[rows, window]``: every answer in the store at ``store_dir``
     (``AnswerStore``), after answering requests (``chat_requests``) it does not hold yet until it
-    holds ``n_sequences``. Answers are generated ``batch`` at a time and kept after each batch
-    (a killed call's answers are sealed by the next); ``minutes``: stop generating after this
-    much wall time and seal what was made — data in chunks that fit a session."""
+    holds ``n_sequences``. Answers are generated ``slots`` sequences in flight (continuous
+    batching, ``d3d.continuous``) and kept after every ``batch`` requests (a killed call's answers
+    are sealed by the next); ``minutes``: stop generating after this much wall time and seal what
+    was made — data in chunks that fit a session."""
     store = AnswerStore(store_dir, target_fingerprint(target), gen_len)
     dtype = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
     if store.seal(None, dtype):
@@ -173,7 +174,7 @@ def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: st
         stops, t0 = tok.stop_token_ids(), time.perf_counter()
 
         def answer(i: int, j: int) -> list[tuple[str, list[int], list[int]]]:
-            out = generate(target, [p for _, p in todo[i:j]], max_new_tokens=gen_len, stop_ids=stops).tokens
+            out = generate_continuous(target, [p for _, p in todo[i:j]], gen_len, stop_ids=stops, slots=slots)
             return [(k, p, a) for (k, p), a in zip(todo[i:j], out)]
 
         resumable_chunks(store.pending_path, len(todo), batch, answer, "target answers", "answer tok",
