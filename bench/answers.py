@@ -5,7 +5,9 @@ kinds in turn) answered greedily up to ``--gen-len`` tokens, stopping at end of 
   batch:N       ``d3d.generate`` on N requests at a time (finished rows drop out, the batch runs
                 until its longest answer ends: what the answer store used up to 2026-12-02);
   continuous:N  ``d3d.continuous.generate_continuous`` with N sequences in flight (a finished row
-                is refilled with the next request in the same pass).
+                is refilled with the next request in the same pass; the requests' common prefix,
+                the chat template's system turn, computed once);
+  whole:N       the same, each row computing its whole prompt (no shared prefix).
 Modes run in turn, ``--repeats`` times (``interleaved``); answer tok/s counts the generated tokens
 over the whole call (prefills included). ``same_answers``: requests whose answer equals the first
 mode's (bf16 rows can differ in the last bits with the batch around them).
@@ -29,14 +31,14 @@ from .common import interleaved, machine, markdown_table, write_json
 
 def parse_mode(text: str) -> tuple[str, int]:
     kind, _, n = text.partition(":")
-    if kind not in ("batch", "continuous") or not n.isdigit() or int(n) <= 0:
-        raise argparse.ArgumentTypeError(f"mode {text!r}: expected batch:N or continuous:N with N > 0")
+    if kind not in ("batch", "continuous", "whole") or not n.isdigit() or int(n) <= 0:
+        raise argparse.ArgumentTypeError(f"mode {text!r}: expected batch:N, continuous:N or whole:N with N > 0")
     return kind, int(n)
 
 
 def answer(model, prompts: list[list[int]], gen_len: int, stops: list[int], kind: str, n: int) -> list[list[int]]:
-    if kind == "continuous":
-        return generate_continuous(model, prompts, gen_len, stop_ids=stops, slots=n)
+    if kind in ("continuous", "whole"):
+        return generate_continuous(model, prompts, gen_len, stop_ids=stops, slots=n, share_prefix=kind == "continuous")
     return [a for i in range(0, len(prompts), n)
             for a in d3d.generate(model, prompts[i: i + n], max_new_tokens=gen_len, stop_ids=stops).tokens]
 
@@ -47,7 +49,7 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--n", type=int, default=256, help="requests answered per run (default 256)")
     ap.add_argument("--gen-len", type=int, default=160, help="answer cap in tokens (default 160, the store's)")
     ap.add_argument("--modes", nargs="+", type=parse_mode, default=[("batch", 64), ("continuous", 64)],
-                    help="batch:N and/or continuous:N (default: batch:64 continuous:64)")
+                    help="batch:N, continuous:N, whole:N (default: batch:64 continuous:64)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--dtype", default=None, help="target dtype (default: d3d's policy for this CPU)")
     ap.add_argument("--threads", type=int, default=None)

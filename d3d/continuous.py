@@ -40,7 +40,7 @@ def shared_prefix(prompts: list[list[int]]) -> int:
 
 @torch.inference_mode()
 def generate_continuous(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                        stop_ids: Sequence[int] = (), slots: int = 64,
+                        stop_ids: Sequence[int] = (), slots: int = 64, share_prefix: bool = True,
                         on_done: Callable[[int, list[int]], None] | None = None) -> list[list[int]]:
     """Greedy (T = 0) continuations of every prompt, ``slots`` at a time, in prompt order.
 
@@ -48,7 +48,8 @@ def generate_continuous(model: Transformer, prompts: Sequence[Sequence[int]], ma
     token, when hit, is its last). ``on_done(i, tokens)`` is called as each sequence ends.
     The prompts' common prefix (a chat template's system turn: ~25 of the store's ~88 prompt
     tokens) is computed once, in a cache row of its own, and copied to each admitted row
-    (``KVCache.share_prefix``). Cache: ``slots + 1`` rows of ``max(len(prompt)) + max_new_tokens``."""
+    (``KVCache.share_prefix``; ``share_prefix=False``: each row computes its whole prompt). Cache:
+    ``slots + 1`` rows of ``max(len(prompt)) + max_new_tokens``."""
     if not prompts:
         return []
     if slots <= 0:
@@ -60,7 +61,7 @@ def generate_continuous(model: Transformer, prompts: Sequence[Sequence[int]], ma
     slots = min(slots, len(prompts))
     out = Output(len(prompts), max_new_tokens, set(stop_ids), None)
     cache = model.new_cache(rows=slots + 1, max_len=max(map(len, prompts)) + max_new_tokens)
-    prefix_row, n_shared = slots, shared_prefix(prompts)
+    prefix_row, n_shared = slots, shared_prefix(prompts) if share_prefix else 0
     if n_shared:
         model(torch.tensor(prompts[0][:n_shared], device=model.device), cache.layout([n_shared], rows=[prefix_row]),
               cache, logits_index=torch.tensor([n_shared - 1], device=model.device))

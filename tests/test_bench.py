@@ -108,11 +108,11 @@ def test_answers_smoke(tiny_pair, tmp_path, capsys):
     """Both generation modes answer the same requests alike (fp32), and the JSON validates."""
     out = tmp_path / "answers.json"
     bench_main(["answers", "--target", str(tiny_pair / "target"), "--n", "5", "--gen-len", "6", "--dtype", "float32",
-                "--modes", "batch:2", "continuous:2", "--out", str(out)])
+                "--modes", "batch:2", "continuous:2", "whole:3", "--out", str(out)])
     payload = json.loads(out.read_text())
     schema.validate(payload)
-    assert [r["mode"] for r in payload["results"]] == ["batch:2", "continuous:2"]
-    assert [r["same_answers"] for r in payload["results"]] == [5, 5]
+    assert [r["mode"] for r in payload["results"]] == ["batch:2", "continuous:2", "whole:3"]
+    assert [r["same_answers"] for r in payload["results"]] == [5, 5, 5]
     assert "answer tok/s" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench_main(["answers", "--target", str(tiny_pair / "target"), "--modes", "continuous:0"])

@@ -33,6 +33,7 @@ def test_equals_ar_on_each_prompt(slots, prefix):
     done = {}
     got = generate_continuous(model, ps, 20, stop_ids=stops, slots=slots, on_done=done.__setitem__)
     assert got == want
+    assert generate_continuous(model, ps, 20, stop_ids=stops, slots=slots, share_prefix=False) == want
     assert done == dict(enumerate(want))
 
 

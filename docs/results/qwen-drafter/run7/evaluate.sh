@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16, 2026-12-02 (eighth session): evaluate run7's drafter. Run from the repository root:
 #   bash docs/results/qwen-drafter/run7/evaluate.sh TARGET_DIR RUN_DIR INT8_DIR
+# (DIR=docs/results/qwen-drafter/run8 ...: the same evaluation of a later run, its JSONs written to DIR)
 # 1. re-save RUN_DIR's drafter with int8 matrices to INT8_DIR (what models/ ships);
 # 2. the choice, on validation requests only (choose.py): the new drafter replaces the shipped one when its
 #    mean τ over the 16 code and the 16 explain validation requests is higher (validation_choice.json);
@@ -8,12 +9,12 @@
 #    chat prompts (eval.json), then speed on 16 HumanEval and 8 MT-Bench chat prompts, ar / the drafter alone
 #    (sync+lookup0) / the sync defaults (copied drafts, 2 bonus leaves), one run per set.
 set -euo pipefail
-T=$1; R=$2; S=$3; D=docs/results/qwen-drafter/run7
+T=$1; R=$2; S=$3; D=${DIR:-docs/results/qwen-drafter/run7}
 python -c "
 import sys, torch, d3d
 t = d3d.load_model('$T', dtype='float32')
 d3d.save_drafter(d3d.load_drafter('$R', target=t), '$S', dtype=torch.bfloat16, int8=True)"
-PYTHONPATH=. python $D/choose.py "$T" "$S" $D/validation_choice.json
+PYTHONPATH=. python docs/results/qwen-drafter/run7/choose.py "$T" "$S" $D/validation_choice.json
 CHOSEN=$(python -c "
 import json; c = json.load(open('$D/validation_choice.json'))
 mean = {k: (c[k]['code']['tau'] + c[k]['explain']['tau']) / 2 for k in ('shipped', 'new')}
