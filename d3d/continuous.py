@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .engines import check_limits
 from .generation import Output
 from .model import Transformer
 from .sampling import sample_next
@@ -60,6 +61,7 @@ def generate_continuous(model: Transformer, prompts: Sequence[Sequence[int]], ma
     for i, p in enumerate(prompts):
         if not p:
             raise ValueError(f"prompts[{i}]: empty prompt (at least one token is needed)")
+    check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
     slots = min(slots, len(prompts))
     out = Output(len(prompts), max_new_tokens, set(stop_ids), None)
     cache = model.new_cache(rows=slots + 1, max_len=max(map(len, prompts)) + max_new_tokens)

@@ -45,6 +45,10 @@ def test_no_stops_and_edge_cases():
         generate_continuous(model, ps, 9, slots=0)
     with pytest.raises(ValueError, match=r"prompts\[1\]: empty"):
         generate_continuous(model, [[1], []], 9)
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        generate_continuous(model, ps, 0)
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        generate_continuous(model, [[1] * 1000], 30)
 
 
 def test_shared_prefix_leaves_each_prompt_a_token_and_the_cache_checks_rows():
