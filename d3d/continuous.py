@@ -2,7 +2,7 @@
 
 ``generate_ar`` runs a batch until its longest sequence ends, its finished rows dropping out. When
 answers vary in length that wastes the batch: of the 13,112 answers in
-``data/qwen2.5-coder-answers`` (160-token cap, batches of 64), the rows kept the batch 63% full
+``data/qwen2.5-coder-answers`` (160-token cap, batches of 64), the rows kept the batch 64% full
 on average. Here a cache row whose sequence ended is refilled with the next prompt at once: the
 new prompt's prefill rides in the same packed pass as the other rows' one-token steps (the packed
 layout allows any mix of per-row lengths; ``d3d.cache.make_layout``), so every pass carries
@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .engines import check_limits
+from .engines import check_limits, normalize_prompts
 from .generation import Output
 from .model import Transformer
 from .sampling import sample_next
@@ -57,10 +57,7 @@ def generate_continuous(model: Transformer, prompts: Sequence[Sequence[int]], ma
         return []
     if slots <= 0:
         raise ValueError(f"slots={slots}: must be a positive number of sequences in flight")
-    prompts = [list(p) for p in prompts]
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompts[{i}]: empty prompt (at least one token is needed)")
+    prompts = normalize_prompts([list(p) for p in prompts], model.cfg.vocab_size, "prompts")
     check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
     slots = min(slots, len(prompts))
     out = Output(len(prompts), max_new_tokens, set(stop_ids), None)

@@ -15,7 +15,7 @@ Layout of a store directory::
     answers-00000.json.xz  {"rows": [{"kind": "code", "prompt": [ids], "answer": [ids]}, ...]}
     pending.pt             this machine's answers not sealed yet (resumed, never committed)
 
-Chunks are xz-compressed JSON: readable with ``xzcat``; 0.52 bytes per stored token, 0.97 per answer
+Chunks are xz-compressed JSON: readable with ``xzcat``; ~0.52 bytes per stored token, ~0.99 per answer
 token, on the Qwen chat requests (``docs/results/answer-store/summary.json``). The manifest's fingerprint names the target (config +
 first embedding rows) and the answer cap: answers of another model or cap are refused, not mixed.
 """
