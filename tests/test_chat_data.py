@@ -415,3 +415,19 @@ def test_training_requests_leave_out_functions_whose_text_is_also_held_out(tmp_p
     held_file.write_text(held_file.read_text().replace("def dup", "def other"))
     all_picks, all_kinds = chat_data.training_functions(str(corpus), frac, 6, "train", seed=3)
     assert [(p, k) for p, k in zip(all_picks, all_kinds) if "def dup" not in p] == list(zip(picks, kinds))
+
+
+def test_the_target_fingerprint_names_the_model_not_the_dtype_it_runs_in():
+    """An AVX2 machine answers in fp32 and an avx512_bf16 one in bf16: both add to one store (each
+    chunk records its dtype). Another model (one embedding value changed) has another fingerprint."""
+    import torch
+
+    from d3d.train.answer_store import target_fingerprint
+    from test_engines import tiny_target
+
+    target = tiny_target()
+    fp32 = target_fingerprint(target)
+    assert target_fingerprint(tiny_target().to(torch.bfloat16)) == fp32
+    with torch.no_grad():
+        target.embed_tokens.weight[0, 0] += 1.0
+    assert target_fingerprint(target) != fp32

@@ -38,9 +38,12 @@ FORMAT = 1
 
 
 def target_fingerprint(target: Transformer) -> str:
-    """A short hash of the target's config and first embedding rows: which model wrote an answer."""
+    """A short hash of the target's config and first embedding rows: which model wrote an answer.
+    The rows are hashed as bf16 so that the fingerprint names the model, not the dtype it was loaded
+    in (the store's chunks record their dtype): an AVX2 machine answers in fp32, an avx512_bf16 one in bf16."""
+    rows = target.embed_tokens.weight[:4].detach().to(torch.bfloat16).float()
     return hashlib.sha256(json.dumps(target.cfg.to_hf(), sort_keys=True).encode()
-                          + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
+                          + rows.cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 @dataclass
