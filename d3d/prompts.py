@@ -144,9 +144,31 @@ def explain_request(code: str) -> list[dict]:
     """One user message asking for a prose explanation of ``code``: answers a code drafter is
     weak on (validation requests for choices that matter when drafts fail; e.g.
     docs/results/acceptance-streaks)."""
+    return _about(EXPLAIN_TEMPLATE, code)
+
+
+# More requests about the same training functions, for when the answer store has asked every
+# function to be completed and explained (issue 16): tests are code in another style, a review
+# is prose that argues rather than describes.
+TESTS_TEMPLATE = "Write pytest unit tests for this Python function:\n\n```python\n{code}```"
+REVIEW_TEMPLATE = ("Review this Python function: in a few sentences, point out a bug, an edge case it mishandles "
+                   "or an improvement.\n\n```python\n{code}```")
+
+
+def tests_request(code: str) -> list[dict]:
+    """One user message asking for pytest tests of ``code``."""
+    return _about(TESTS_TEMPLATE, code)
+
+
+def review_request(code: str) -> list[dict]:
+    """One user message asking for a short prose review of ``code``."""
+    return _about(REVIEW_TEMPLATE, code)
+
+
+def _about(template: str, code: str) -> list[dict]:
     if not code.endswith("\n"):
         code += "\n"
-    return [{"role": "user", "content": EXPLAIN_TEMPLATE.format(code=code)}]
+    return [{"role": "user", "content": template.format(code=code)}]
 
 
 def load_prompt_set(name: str, tok: Tokenizer, n: int, prompt_len: int = 64, chat: bool = False,

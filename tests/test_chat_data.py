@@ -320,6 +320,21 @@ def test_chat_requests_ask_each_function_each_kind_in_turn(qwen3_tok):
         chat_requests(qwen3_tok, None, 0.05, 2, kinds=("poem",))
 
 
+def test_new_request_kinds_ask_about_the_same_functions(qwen3_tok):
+    """tests and review: asked of the same functions in the same order, so a code+explain store
+    grows by them; each kind's requests are those of a list without the others."""
+    from d3d.train.chat_data import chat_requests
+
+    both = chat_requests(qwen3_tok, None, 0.05, 8, kinds=("code", "explain"))
+    four = chat_requests(qwen3_tok, None, 0.05, 16, kinds=("code", "explain", "tests", "review"))
+    assert [k for k, _ in four] == ["code", "explain", "tests", "review"] * 4
+    assert [r for r in four if r[0] in ("code", "explain")] == both
+    tests = [p for k, p in four if k == "tests"]
+    assert [p for _, p in chat_requests(qwen3_tok, None, 0.05, 4, kinds=("tests",))] == tests
+    assert all("pytest" in qwen3_tok.decode(p) for p in tests) and len(set(map(tuple, tests))) == 4
+    assert "point out a bug" in qwen3_tok.decode(four[3][1])
+
+
 def test_data_only_makes_the_data_and_trains_nothing(tmp_path, monkeypatch):
     """``--data-only`` (data in session-sized chunks, training later): the data is made with the
     given options, then the trainer stops before building a drafter; --extra-functions needs chat data."""

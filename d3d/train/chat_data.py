@@ -26,7 +26,7 @@ import torch
 
 from ..continuous import generate_continuous
 from ..model import Transformer
-from ..prompts import CHAT_TEMPLATES, code_request, explain_request
+from ..prompts import CHAT_TEMPLATES, code_request, explain_request, review_request, tests_request
 from ..tokenizer import Tokenizer
 from ..corpus import PYTHON_SOURCES, Corpus, find_corpus, read_texts
 from .answer_store import AnswerStore, target_fingerprint
@@ -117,20 +117,24 @@ def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: floa
     return [tok.encode_chat(code_request(s, k)) for s, k in zip(picks, kinds)]
 
 
-REQUEST_KINDS = ("code", "explain")
+REQUEST_KINDS = ("code", "explain", "tests", "review")
 
 
 def chat_requests(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, seed: int = 0,
                   kinds: tuple[str, ...] = ("code",), extra_functions: bool = False) -> list[tuple[str, list[int]]]:
     """``n`` training requests ``(kind, prompt ids)``, function by function, each function asked
-    as each of ``kinds`` in turn: "code" (complete it, ``code_request``, as ``chat_prompts``) and
+    as each of ``kinds`` in turn: "code" (complete it, ``code_request``, as ``chat_prompts``),
     "explain" (explain it in prose, ``explain_request``: answers like MT-Bench's, where a code
-    drafter is weakest)."""
+    drafter is weakest), "tests" (write pytest tests for it) and "review" (point out a bug or an
+    improvement, in prose). The sequence of functions does not depend on which kinds are asked:
+    a store made with code+explain grows with code+explain+tests by the tests of the functions
+    it holds (and all three of later functions)."""
     if not kinds or any(k not in REQUEST_KINDS for k in kinds):
         raise ValueError(f"request kinds {kinds!r}: expected one or more of {', '.join(REQUEST_KINDS)}")
     picks, templates = training_functions(corpus_root, heldout_fraction, -(-n // len(kinds)), "train", seed,
                                           extra_functions=extra_functions)
-    ask = {"code": lambda s, t: code_request(s, t), "explain": lambda s, t: explain_request(s)}
+    ask = {"code": lambda s, t: code_request(s, t), "explain": lambda s, t: explain_request(s),
+           "tests": lambda s, t: tests_request(s), "review": lambda s, t: review_request(s)}
     return [(k, tok.encode_chat(ask[k](s, t))) for s, t in zip(picks, templates) for k in kinds][:n]
 
 
