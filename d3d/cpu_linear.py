@@ -24,6 +24,8 @@ on CPU. A packed copy is used only without autograd and only while its weight is
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -53,10 +55,23 @@ class PackedWeight:
         return y.view(*x.shape[:-1], self.out_features)
 
 
+@functools.cache
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights of ``dtype`` on this CPU. bf16 needs avx512bw/vl/dq or
+    avx_ne_convert: an AVX2-only AMD EPYC refuses it ("bf16 path needs the cpu support ..."), and
+    there bf16 runs unpacked through ``F.linear`` (slowly: fp32 is the dtype policy's choice there)."""
+    if dtype not in (torch.float32, torch.bfloat16) or not available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), BATCH_HINT)
+    except RuntimeError:
+        return False
+    return True
+
+
 def pack(weight: torch.Tensor) -> bool:
     """Register ``weight`` for packed matmuls; False (nothing done) where packing does not apply."""
-    if (weight.device.type != "cpu" or weight.dim() != 2 or weight.dtype not in (torch.float32, torch.bfloat16)
-            or not available()):
+    if weight.device.type != "cpu" or weight.dim() != 2 or not packs(weight.dtype):
         return False
     p = getattr(weight, ATTR, None)
     if p is None or p.version != weight._version:
@@ -75,4 +90,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return p(x, bias)
 
 
-__all__ = ["available", "pack", "linear", "PackedWeight"]
+__all__ = ["available", "packs", "pack", "linear", "PackedWeight"]

@@ -18,12 +18,24 @@ def test_packed_linear_matches_f_linear(dtype, tol, M):
     w = torch.randn(96, 40).to(dtype)
     b = torch.randn(96).to(dtype)
     x = torch.randn(2, M, 40).to(dtype)
-    assert cpu_linear.pack(w)
+    # bf16 packing needs avx512bw/vl/dq or avx_ne_convert: elsewhere pack declines and linear is F.linear
+    assert cpu_linear.pack(w) == cpu_linear.packs(dtype)
     with torch.inference_mode():
         got = cpu_linear.linear(x, w, b)
     ref = F.linear(x, w, b)
     assert got.shape == ref.shape and got.dtype == dtype
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)  # bf16: bit-identical
+
+
+@needs_onednn
+def test_packing_fp32_works_everywhere_and_bf16_where_the_cpu_has_it():
+    """fp32 packs on every x86 CPU oneDNN supports; bf16 is probed, not assumed (AVX2-only CPUs refuse it)."""
+    from d3d.precision import cpu_flags
+
+    assert cpu_linear.packs(torch.float32) and not cpu_linear.packs(torch.float16)
+    flags = set(cpu_flags())
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        assert cpu_linear.packs(torch.bfloat16)
 
 
 @needs_onednn
