@@ -168,7 +168,8 @@ def random_model(name: str, device: str = "cpu"):
 def mode_flags(mode: str, flags: str) -> dict:
     """``d3d.generate`` arguments of a mode's ``+flag`` suffixes (``flags`` = "+exact+leaves4"):
     +exact (row-invariant verification), +leavesL (L bonus leaves), +lookupN (copy drafts after an
-    N-token match in the context, ``d3d.lookup``)."""
+    N-token match in the context, ``d3d.lookup``), +gate / +nogate (plain target steps while drafting
+    rounds measure slower, ``d3d.gate``; off by default)."""
     kw = {}
     for flag in flags.split("+")[1:]:
         if flag == "exact":
@@ -177,6 +178,8 @@ def mode_flags(mode: str, flags: str) -> dict:
             kw["leaves"] = int(flag.removeprefix("leaves"))
         elif re.fullmatch(r"lookup\d+", flag):
             kw["lookup"] = int(flag.removeprefix("lookup"))
+        elif flag in ("gate", "nogate"):
+            kw["gate"] = flag == "gate"
         else:
-            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN)")
+            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN, +gate, +nogate)")
     return kw

@@ -14,8 +14,10 @@ fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter be
 with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); +exact verifies
 with row-invariant attention (bf16 output equal to ar bit for bit); +leavesL verifies also the L
 likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, leaves_per_round);
-+lookupN copies the draft from the context after an N-token match (``lookup``; the JSON's lookup_rate).
-Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``, ``sync+lookup0``.
++lookupN copies the draft from the context after an N-token match (``lookup``; the JSON's lookup_rate);
++gate / +nogate: plain target steps while drafting rounds measure slower (``gate``, ``d3d.gate``; the
+JSON's step_rate, and tau_speculating, τ over the rounds that verified drafts).
+Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -55,7 +57,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
         raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]"
-                         "[+lookupN]")
+                         "[+lookupN][+gate|+nogate]")
     name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
@@ -82,7 +84,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
                "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [],
                "identical": 0, "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0,
-               "lookup": 0} for m in args.modes}
+               "lookup": 0, "steps": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32
@@ -114,6 +116,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["leaves"] += s.verified_leaves
             a["leaf_hits"] += s.leaf_hits
             a["lookup"] += s.lookup_drafts
+            a["steps"] += s.steps
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
                 if hist:
                     a[key] = hist if a[key] is None else [x + y for x, y in zip(a[key], hist)]
@@ -132,7 +135,9 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      hypothesis_pass_rate=a["passes"] / a["rounds"],
                      verified_drafts_per_round=a["verified"] / a["rounds"],
                      leaves_per_round=a["leaves"] / a["rounds"], leaf_hit_rate=a["leaf_hits"] / a["rounds"],
-                     lookup_rate=a["lookup"] / a["rounds"])
+                     lookup_rate=a["lookup"] / a["rounds"], step_rate=a["steps"] / a["rounds"],
+                     tau_speculating=(sum((k + 1) * c for k, c in enumerate(a["hist"])) - a["steps"])
+                     / max(a["rounds"] - a["steps"], 1))
             if a["hits_by_accept"]:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r
@@ -229,10 +234,11 @@ def main(argv=None) -> dict:
                          f"{r['hit_rate']:.0%}" if m.startswith("async") else "-",
                          f"{r['hypotheses_per_round']:.1f}" if m.startswith("async") else "-",
                          f"{r['leaf_hit_rate']:.0%}" if r.get("leaves_per_round") else "-",
+                         f"{r['step_rate']:.0%}" if r.get("step_rate") else "-",
                          f"{r['critical_draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / "
                          f"{r['verify_seconds']:.2f}" if "tau" in r else "-"])
     print(markdown_table(["set", "mode", "τ", "tok/s", "vs fastest ar", "async hit rate", "hypotheses/round",
-                          "leaf hit rate", "draft on critical path / hypotheses passes / verify s"], rows))
+                          "leaf hit rate", "gate steps", "draft on critical path / hypotheses passes / verify s"], rows))
     config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target")}
     config["dtype_used"] = str(target.dtype).removeprefix("torch.")
     payload = {"bench": "speculative", "machine": machine(), "config": config,

@@ -68,6 +68,7 @@ class Explainer:
             bonus = self._paint(piece([info.committed[-2]]), "1;36", "{{{}}}") + " then " + bonus
         source = ("ready: a hypothesis of the previous round hit" if info.successor_used else
                   "copied from the context" if info.copied else
+                  "a plain target step: drafting measured slower (--gate)" if info.step else
                   f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""
@@ -166,7 +167,7 @@ def cmd_generate(args) -> int:
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact,
                        hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
-                       leaves=args.leaves, lookup=args.lookup)
+                       leaves=args.leaves, lookup=args.lookup, gate=args.gate)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -414,6 +415,11 @@ def add_generate_parser(sub) -> None:
                    help="sync/async: when the last N tokens occurred earlier in the prompt or output, draft by "
                         "copying what followed them (prompt lookup; lossless) instead of asking the drafter; "
                         "0 = never (default: the measured choice, d3d/overlap.py)")
+    g.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
+                   help="sync: take plain target steps instead of drafting rounds while those measure slower in "
+                        "tokens per second, trying drafting again every 8th round (lossless). Off by default: on "
+                        "validation requests it cost 3-5%% where drafting paid on average; it helps where drafting "
+                        "loses throughout, e.g. prose on a CPU without bf16 (docs/results/gate/)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

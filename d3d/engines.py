@@ -18,7 +18,7 @@ import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .model import Transformer
-from .overlap import OVERLAPS, async_defaults, default_leaves, default_lookup, default_overlap, default_verify_min_prob
+from .overlap import OVERLAPS, async_defaults, default_gate, default_leaves, default_lookup, default_overlap, default_verify_min_prob
 from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
 
@@ -118,6 +118,7 @@ def generate(
     verify_min_prob: float | None = None,
     leaves: int | None = None,
     lookup: int | None = None,
+    gate: bool | None = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -143,6 +144,9 @@ def generate(
     lookup: sync/async draft by copying from the context where its last ``lookup`` tokens occurred
         before (prompt lookup, ``d3d.lookup``), with the drafter elsewhere; 0 never. None = the
         measured default (``d3d.overlap.default_lookup``: 3 for sync, 0 for async).
+    gate: sync takes plain target steps instead of drafting rounds while those commit more tokens
+        per second (measured as it runs, ``d3d.gate``); the output is the same. None = the device's
+        default (``d3d.overlap.default_gate``: off, chosen on validation requests).
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -181,6 +185,11 @@ def generate(
     verify_min_prob = default_verify_min_prob(model.device) if verify_min_prob is None else verify_min_prob
     leaves = (0 if exact else default_leaves(model.device, mode)) if leaves is None else leaves
     lookup = default_lookup(model.device, mode) if lookup is None else lookup
+    gate = default_gate(model.device, mode) if gate is None else gate
+    if not isinstance(gate, bool):
+        raise ValueError(f"gate={gate!r}: must be True or False")
+    if gate and mode != "sync":
+        raise ValueError(f"gate=True with mode={mode!r}: the gate chooses between drafting and plain steps in sync only")
     if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
         raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
     for name, value, least in (("hypotheses", hypotheses, 1), ("fanout", fanout, 1), ("leaves", leaves, 0),
@@ -195,7 +204,7 @@ def generate(
                          "not 'packed' (its joint pass attends all rows at once)")
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob,
-                                leaves, lookup)
+                                leaves, lookup, gate)
 
 
 MODES = ("ar", "sync", "async", "dflash")

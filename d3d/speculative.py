@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .drafter import Block
+from .gate import DRAFT, STEP, Gate
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from .kernels.accept import accept
@@ -75,6 +76,7 @@ class RoundInfo:
     hit: int | None = None  # async: index of the hypothesis that matched the outcome
     leaf: int | None = None  # leaves: index of the verified leaf accepted as the last of ``accepted`` drafts
     copied: bool = False  # lookup: this round's draft was copied from the context (d3d.lookup)
+    step: bool = False  # gate: a plain target step (no drafts), where drafting did not pay (d3d.gate)
 
 
 @dataclass
@@ -317,6 +319,7 @@ def generate_speculative(
     verify_min_prob: float = 0.0,
     leaves: int = 0,
     lookup: int = 0,
+    gate: bool = False,
 ) -> GenerationOutput:
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
 
@@ -338,10 +341,17 @@ def generate_speculative(
     ``lookup``: n >= 1 drafts by copying from the context where its last n tokens occurred before
     (``d3d.lookup``), the drafter elsewhere; 0 never. In a batch every row verifies as many drafts
     as the shortest row's draft has.
+    ``gate``: sync only; where a drafting round commits fewer tokens per second than a plain target
+    step, the rows that need the drafter take plain steps instead, trying drafting again every few
+    rounds (``d3d.gate``; measured, so the rounds depend on timing, the output does not). In a
+    batch, a step round verifies no drafts in any row.
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
     K = hypotheses if drafter.dcfg.denoise_steps == 1 else 1
+    if gate and use_hyps:
+        raise ValueError("gate=True is for mode='sync': async drafts beside verification, where a step saves no drafting")
+    chooser = Gate() if gate else None
     stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
                             hits_by_accept=[0] * B)
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
@@ -364,8 +374,12 @@ def generate_speculative(
             if lookup:
                 need = side.copy(need, lookup)
             copied.difference_update(need)
-            sync_seconds = 0.0
-            if need:
+            sync_seconds, kind = 0.0, (chooser.choose() if chooser and need else DRAFT)
+            if need and kind == STEP:  # an empty draft: the verification is one target step
+                for i in need:
+                    side.ready[i] = Draft([], [], [], [])
+                stats.steps += len(need)
+            elif need:
                 fresh, (t0, t1) = clock.timed(lambda: side.draft(need))
                 for i, d in zip(need, fresh):
                     side.ready[i] = d
@@ -387,6 +401,9 @@ def generate_speculative(
             t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact, leaf_rows), job)
             outcomes = seqs.judge(t_logits, draft_t, [drafts[i].tokens for i in rows], rnd, leaf_rows)
             successors = side.finish(job, d_logits)
+            if chooser and need:
+                gained = sum(len(o.accepted) + 1 for i, o in zip(rows, outcomes) if i in need)
+                chooser.update(kind, gained, sync_seconds + v_span[1] - v_span[0])
             stats.target_forwards += 1
             stats.verify_seconds += v_span[1] - v_span[0]
             if job is not None:
@@ -407,7 +424,8 @@ def generate_speculative(
                     ready = i not in need and i not in copied  # a hypothesis of the last round hit
                     on_round(RoundInfo(rnd, i, list(d.tokens), len(o.accepted), o.bonus, new, ready,
                                        bool(mine) and hit is None, sync_seconds if i in need else 0.0, v_span,
-                                       d_span if mine else None, d.certainty, hyps[i], hit, o.leaf, i in copied))
+                                       d_span if mine else None, d.certainty, hyps[i], hit, o.leaf, i in copied,
+                                       kind == STEP and i in need))
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 
