@@ -18,7 +18,8 @@ import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .model import Transformer
-from .overlap import OVERLAPS, async_defaults, default_gate, default_leaves, default_lookup, default_overlap, default_verify_min_prob
+from .overlap import (OVERLAPS, async_defaults, default_gate, default_leaves, default_lookup, default_overlap,
+                      default_verify_min_prob)
 from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
 

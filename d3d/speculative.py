@@ -5,7 +5,9 @@ A D3D round, for every active sequence:
     1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
                   outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)].
                   With ``lookup`` n, a row whose last n tokens occurred before copies what followed
-                  them instead (``d3d.lookup``; no drafter pass for it)
+                  them instead (``d3d.lookup``; no drafter pass for it). With ``gate``, rows left for
+                  the drafter get an empty draft instead while drafting measures slower than plain
+                  target steps (``d3d.gate``): step 2 is then one target step
     2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
                   with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``).
                   With ``leaves`` L the pass also verifies the L likeliest bonuses the drafter proposed
