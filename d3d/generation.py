@@ -46,6 +46,19 @@ class GenerationStats:
     exposed_draft_seconds: float = 0.0  # async: the part of the hypotheses passes not hidden behind verification
     verify_seconds: float = 0.0
 
+    def count_verification(self, verify_span: tuple[float, float], draft_span: tuple[float, float] | None = None,
+                           hypothesis_rows: int = 0, hypotheses: int = 0) -> None:
+        """One verification pass and, in async, the hypotheses pass beside it (``draft_span``, None
+        if there was none): the part of it that ran past the verification is exposed."""
+        self.target_forwards += 1
+        self.verify_seconds += verify_span[1] - verify_span[0]
+        if draft_span is not None:
+            self.drafter_forwards += 1
+            self.successor_passes += hypothesis_rows
+            self.hypotheses += hypotheses
+            self.hidden_draft_seconds += draft_span[1] - draft_span[0]
+            self.exposed_draft_seconds += max(0.0, draft_span[1] - max(draft_span[0], verify_span[1]))
+
     @property
     def total_generated(self) -> int:
         return sum(self.num_generated)

@@ -218,6 +218,26 @@ class Sequences:
         return new
 
 
+def verify_width(drafts: list[Draft], min_prob: float) -> int:
+    """Step 2's n: the drafts every row verifies, the shortest row's draft (a copied chain may be short)
+    cut, with ``min_prob`` > 0, to the longest run of drafts some row believes in (``Draft.likely_length``)."""
+    n = min(len(d.tokens) for d in drafts)
+    if min_prob > 0:
+        n = min(n, max(d.likely_length(min_prob) for d in drafts))
+    return n
+
+
+@dataclass
+class RoundDrafts:
+    """Step 1's result: every active row's draft, and how each row got it."""
+
+    drafts: dict[int, Draft]
+    need: list[int]  # rows that had no ready draft and copied none: drafted now (or, by the gate, stepped)
+    copied: set[int]  # rows whose draft was copied from the context (lookup)
+    kind: str  # DRAFT, or STEP where the gate gave ``need`` empty drafts
+    seconds: float  # the drafter pass on the critical path
+
+
 class Drafting:
     """The drafter's side of D3D: its cache, the draft ready for each sequence's next round, and
     the hypotheses pass (steps 1, 3 and the drafter's part of 4 in the module docstring)."""
@@ -229,6 +249,28 @@ class Drafting:
         # top tokens kept per position: the bonus candidates of hypotheses and leaves
         self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
         self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
+
+    def prepare(self, rows: list[int], lookup: int, gate: Gate | None, clock: Clock) -> RoundDrafts:
+        """Step 1: a row keeps its ready draft (a hypothesis of the last round hit); else, with
+        ``lookup``, copies one from its context; else the drafter drafts it in one pass for all such
+        rows, or, where ``gate`` chooses a step, it gets an empty draft."""
+        need = [i for i in rows if self.ready[i] is None]
+        copied = set(need)
+        if lookup:
+            need = self.copy(need, lookup)
+        copied.difference_update(need)
+        kind, seconds = (gate.choose() if gate and need else DRAFT), 0.0
+        if need and kind == STEP:  # an empty draft: the verification is one target step
+            for i in need:
+                self.ready[i] = Draft([], [], [], [])
+            self.stats.steps += len(need)
+        elif need:
+            fresh, (t0, t1) = clock.timed(lambda: self.draft(need))
+            for i, d in zip(need, fresh):
+                self.ready[i] = d
+            seconds = t1 - t0
+            self.stats.draft_seconds += seconds
+        return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, kind, seconds)
 
     def draft(self, rows: list[int]) -> list[Draft]:
         """Step 1 for rows without a ready draft: one drafter pass over each row's uncached committed
@@ -370,29 +412,11 @@ def generate_speculative(
         side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, fanout, successor_threshold, leaves)
         rnd = 0
         while rows := out.active():
-            # 1 draft: rows whose last round's hypotheses missed (or had none) draft now
-            need = [i for i in rows if side.ready[i] is None]
-            copied = set(need)
-            if lookup:
-                need = side.copy(need, lookup)
-            copied.difference_update(need)
-            sync_seconds, kind = 0.0, (chooser.choose() if chooser and need else DRAFT)
-            if need and kind == STEP:  # an empty draft: the verification is one target step
-                for i in need:
-                    side.ready[i] = Draft([], [], [], [])
-                stats.steps += len(need)
-            elif need:
-                fresh, (t0, t1) = clock.timed(lambda: side.draft(need))
-                for i, d in zip(need, fresh):
-                    side.ready[i] = d
-                sync_seconds = t1 - t0
-                stats.draft_seconds += sync_seconds
-            drafts = {i: side.ready[i] for i in rows}
-            n_verify = min(len(drafts[i].tokens) for i in rows)  # a copied chain may be short
-            if verify_min_prob > 0:
-                n_verify = min(n_verify, max(drafts[i].likely_length(verify_min_prob) for i in rows))
-            leaf_rows = [side.leaves(drafts[i], n_verify) for i in rows]
-            drafts = {i: d.truncated(n_verify) for i, d in drafts.items()}
+            # 1 draft (rows whose last round's hypotheses missed or had none), then how many to verify
+            r = side.prepare(rows, lookup, chooser, clock)
+            n_verify = verify_width([r.drafts[i] for i in rows], verify_min_prob)
+            leaf_rows = [side.leaves(r.drafts[i], n_verify) for i in rows]
+            drafts = {i: r.drafts[i].truncated(n_verify) for i in rows}
             stats.verified_drafts += len(rows) * n_verify
             stats.verified_leaves += sum(map(len, leaf_rows))
             draft_t = torch.tensor([drafts[i].tokens for i in rows], dtype=torch.long, device=dev).view(len(rows), -1)
@@ -403,17 +427,10 @@ def generate_speculative(
             t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact, leaf_rows), job)
             outcomes = seqs.judge(t_logits, draft_t, [drafts[i].tokens for i in rows], rnd, leaf_rows)
             successors = side.finish(job, d_logits)
-            if chooser and need:
-                gained = sum(len(o.accepted) + 1 for i, o in zip(rows, outcomes) if i in need)
-                chooser.update(kind, gained, sync_seconds + v_span[1] - v_span[0])
-            stats.target_forwards += 1
-            stats.verify_seconds += v_span[1] - v_span[0]
-            if job is not None:
-                stats.drafter_forwards += 1
-                stats.successor_passes += len(hyp_rows)
-                stats.hypotheses += len(successors)
-                stats.hidden_draft_seconds += d_span[1] - d_span[0]
-                stats.exposed_draft_seconds += max(0.0, d_span[1] - max(d_span[0], v_span[1]))
+            if chooser and r.need:
+                gained = sum(len(o.accepted) + 1 for i, o in zip(rows, outcomes) if i in r.need)
+                chooser.update(r.kind, gained, r.seconds + v_span[1] - v_span[0])
+            stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
 
             # 4 commit, and keep the successor that matches the outcome
             per_row = iter(successors)
@@ -423,11 +440,13 @@ def generate_speculative(
                 hit = side.settle(i, o, hyps[i], mine)
                 new = seqs.commit(i, o, n_verify)
                 if on_round:
-                    ready = i not in need and i not in copied  # a hypothesis of the last round hit
-                    on_round(RoundInfo(rnd, i, list(d.tokens), len(o.accepted), o.bonus, new, ready,
-                                       bool(mine) and hit is None, sync_seconds if i in need else 0.0, v_span,
-                                       d_span if mine else None, d.certainty, hyps[i], hit, o.leaf, i in copied,
-                                       kind == STEP and i in need))
+                    drafted = i in r.need
+                    on_round(RoundInfo(
+                        round=rnd, seq=i, draft=list(d.tokens), accepted=len(o.accepted), bonus=o.bonus, committed=new,
+                        successor_used=not drafted and i not in r.copied, fallback=bool(mine) and hit is None,
+                        sync_draft_seconds=r.seconds if drafted else 0.0, verify_span=v_span,
+                        draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps[i], hit=hit,
+                        leaf=o.leaf, copied=i in r.copied, step=r.kind == STEP and drafted))
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 
@@ -476,8 +495,7 @@ def generate_dflash(
         draft_list = drafts.tolist()
         outcomes = seqs.judge(logits, drafts, draft_list, rnd)
         accepted = [len(o.accepted) for o in outcomes]
-        stats.target_forwards += 1
-        stats.verify_seconds += v_span[1] - v_span[0]
+        stats.count_verification(v_span)
         stats.verified_drafts += len(rows) * (B - 1)
         # context grows by the anchor + accepted drafts of each row
         keep = torch.cat([torch.arange(j * B, j * B + a + 1, device=dev) for j, a in enumerate(accepted)])
@@ -485,10 +503,12 @@ def generate_dflash(
         for j, i in enumerate(rows):
             new = seqs.commit(i, outcomes[j], B - 1)
             if on_round:
-                on_round(RoundInfo(rnd, i, draft_list[j], accepted[j], outcomes[j].bonus, new, False, False, t1 - t0,
-                                   v_span, None, 0.0))
+                on_round(RoundInfo(round=rnd, seq=i, draft=draft_list[j], accepted=accepted[j], bonus=outcomes[j].bonus,
+                                   committed=new, successor_used=False, fallback=False, sync_draft_seconds=t1 - t0,
+                                   verify_span=v_span, draft_span=None, confidence=0.0))
         rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 
 
-__all__ = ["generate_speculative", "generate_dflash", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts"]
+__all__ = ["generate_speculative", "generate_dflash", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts",
+           "verify_width", "RoundDrafts"]
