@@ -368,9 +368,9 @@ def saved_drafter_weights(path: str, cfg: DrafterTrainConfig, mask_id: int) -> t
     return {k: v.float() for k, v in state.items()}, extra[DRAFT_VOCAB] if K else None
 
 
-def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> dict:
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+def check_train_config(cfg: DrafterTrainConfig) -> tuple[str, ...]:
+    """Named errors for arguments that do not fit together (before any data is made: that may take
+    an hour). Returns the request kinds of ``--requests``."""
     if cfg.block_size < 2 or cfg.gen_len % cfg.block_size or cfg.prompt_len % cfg.block_size:
         raise ValueError(f"--prompt-len ({cfg.prompt_len}) and --gen-len ({cfg.gen_len}) must be multiples of "
                          f"--block-size ({cfg.block_size}) >= 2")
@@ -392,6 +392,89 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         raise ValueError("--answers and --requests are about chat answers: they need --data chat")
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
+    return kinds
+
+
+@dataclass
+class TrainingData:
+    """Rows ``[N, L]`` of token ids and what the loss sees of them."""
+
+    ids: torch.Tensor
+    loss_mask: torch.Tensor  # [N, L] float: 1 where the token is a label
+    labels: torch.Tensor | None  # teacher data: [N, L] the target's choice per position (-1: none); else the ids
+    soft: tuple[torch.Tensor, torch.Tensor] | None  # --soft-labels k: the target's top-k (ids, probs) per position
+    eval_prompts: list[list[int]]  # validation prompts of the τ monitor
+    where: Path  # the directory the data is cached in
+
+    @property
+    def label_ids(self) -> torch.Tensor:
+        return self.ids if self.labels is None else self.labels.clamp(min=0)
+
+
+def training_data(cfg: DrafterTrainConfig, labeller: Transformer, tok: Tokenizer, kinds: tuple[str, ...],
+                  log=print) -> TrainingData:
+    """The data of ``cfg.data`` (made by ``labeller``, cached under ``cfg.out``/data or ``--answers``):
+    the target's answers to chat requests, teacher-forced windows of training text, or the target's
+    continuations of training prompts."""
+    out, labels = Path(cfg.out) / "data", None
+    if cfg.data == "teacher":
+        ids, labels = make_teacher_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.window,
+                                        cfg.seed, out, log=log)
+        loss_mask = (labels >= 0).float()
+        eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
+    elif cfg.data == "chat":
+        out = Path(cfg.answers) if cfg.answers else out / "answers"
+        ids, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
+                                                 cfg.gen_len, cfg.window, cfg.seed, out, minutes=cfg.data_minutes,
+                                                 extra_functions=cfg.extra_functions, kinds=kinds, log=log)
+        eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "validation", seed=1234,
+                                    templates=1)
+    else:
+        ids = make_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
+                                 cfg.gen_len, cfg.seed, out, log=log)
+        loss_mask = (torch.arange(ids.shape[1]) >= cfg.prompt_len).float().expand_as(ids)  # continuations only
+        eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
+    soft = None
+    if cfg.soft_labels:  # a chat row's tokens end with its answer; the right padding after it is never a label
+        lengths = (loss_mask * torch.arange(1, ids.shape[1] + 1)).amax(1).long()
+        soft = make_soft_labels(labeller, ids, lengths, cfg.soft_labels, Path(cfg.out) / "data", log=log)
+    return TrainingData(ids, loss_mask, labels, soft, eval_prompts, out)
+
+
+def drafting_labels(data: TrainingData, cfg: DrafterTrainConfig, vocab_size: int, vocab_map: torch.Tensor | None,
+                    resume: bool, log=print) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``--draft-vocab k``: (the drafting vocabulary: k target ids, chosen from the data unless an
+    initial drafter brought one; ``label_map`` [vocab_size]: target id -> drafting id, -1 outside)."""
+    if not cfg.draft_vocab:
+        return vocab_map, None
+    if vocab_map is None:
+        vocab_map = drafting_vocabulary(data.label_ids, data.loss_mask, cfg.draft_vocab, vocab_size,
+                                        Path(cfg.out) / "draft_vocab.pt", resume, log)
+    label_map = torch.full((vocab_size,), -1, dtype=torch.long)
+    label_map[vocab_map] = torch.arange(vocab_map.numel())
+    covered = (label_map[data.label_ids] >= 0)[data.loss_mask > 0].float().mean().item()
+    log(f"drafting vocabulary: {vocab_map.numel()} of {vocab_size} ids cover "
+        f"{100 * covered:.2f}% of the supervised training tokens")
+    return vocab_map, label_map
+
+
+def trainable_parameters(model: Transformer, shared_embeddings: bool) -> list[torch.nn.Parameter]:
+    """Every parameter but the target's embedding and LM head where they are shared (frozen)."""
+    trainable = [p for n, p in model.named_parameters()
+                 if not (shared_embeddings and ("embed_tokens" in n or "lm_head" in n))]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in trainable:
+        p.requires_grad_(True)
+    return trainable
+
+
+def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> dict:
+    """Make (or reuse) the data, build the drafter (from target layers or ``--init-drafter``), train
+    it with the BD3 loss under the τ monitor (``train_loop``), save it and ``train_summary.json``."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kinds = check_train_config(cfg)
     target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
     tok = Tokenizer.load(cfg.target)
     vocab_map = init_state = None
@@ -399,46 +482,12 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
                                                       pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id))
         log(f"starting from the drafter in {cfg.init_drafter} (its weights and drafting vocabulary)")
-    labeller = labelling_model(cfg.target, target)
-    labels, data_dir = None, out / "data"
-    if cfg.data == "teacher":
-        data, labels = make_teacher_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.window,
-                                         cfg.seed, out / "data", log=log)
-        loss_mask = (labels >= 0).float()
-        eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
-    elif cfg.data == "chat":
-        data_dir = Path(cfg.answers) if cfg.answers else out / "data" / "answers"
-        data, loss_mask = make_chat_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences,
-                                                  cfg.gen_len, cfg.window, cfg.seed, data_dir,
-                                                  minutes=cfg.data_minutes, extra_functions=cfg.extra_functions,
-                                                  kinds=kinds, log=log)
-        eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "validation", seed=1234,
-                                    templates=1)
-    else:
-        data = make_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
-                                  cfg.gen_len, cfg.seed, out / "data", log=log)
-        loss_mask = (torch.arange(data.shape[1]) >= cfg.prompt_len).float().expand_as(data)  # continuations only
-        eval_prompts = heldout_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, cfg.prompt_len)
-    soft = None
-    if cfg.soft_labels:  # a chat row's tokens end with its answer; the right padding after it is never a label
-        lengths = (loss_mask * torch.arange(1, data.shape[1] + 1)).amax(1).long()
-        soft = make_soft_labels(labeller, data, lengths, cfg.soft_labels, out / "data", log=log)
-    del labeller
+    data = training_data(cfg, labelling_model(cfg.target, target), tok, kinds, log)
     if cfg.data_only:
-        log(f"--data-only: {data.shape[0]} rows of training data in {data_dir}; no training")
-        return {"history": [], "data_rows": data.shape[0]}
-    L = data.shape[1]
-    attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
-    label_map = None
-    if cfg.draft_vocab:
-        if vocab_map is None:
-            vocab_map = drafting_vocabulary(data if labels is None else labels.clamp(min=0), loss_mask, cfg.draft_vocab,
-                                            target.cfg.vocab_size, out / "draft_vocab.pt", resume, log)
-        label_map = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
-        label_map[vocab_map] = torch.arange(vocab_map.numel())
-        covered = (label_map[data if labels is None else labels.clamp(min=0)] >= 0)[loss_mask > 0].float().mean().item()
-        log(f"drafting vocabulary: {vocab_map.numel()} of {target.cfg.vocab_size} ids cover "
-            f"{100 * covered:.2f}% of the supervised training tokens")
+        log(f"--data-only: {data.ids.shape[0]} rows of training data in {data.where}; no training")
+        return {"history": [], "data_rows": data.ids.shape[0]}
+    N, L = data.ids.shape
+    vocab_map, label_map = drafting_labels(data, cfg, target.cfg.vocab_size, vocab_map, resume, log)
     drafter = build_drafter(target, tok, cfg, vocab_map)
     model = drafter.model
     if init_state is not None:  # a resumed run's training state, loaded by train_loop, overrides these
@@ -447,30 +496,27 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         if missing:
             raise ValueError(f"--init-drafter {cfg.init_drafter}: no weights for {missing[:4]}")
     model.train()
-    trainable = [p for n, p in model.named_parameters() if not (cfg.shared_embeddings and ("embed_tokens" in n or "lm_head" in n))]
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in trainable:
-        p.requires_grad_(True)
+    trainable = trainable_parameters(model, cfg.shared_embeddings)
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
     n_train = sum(p.numel() for p in trainable)
-    log(f"drafter: {cfg.num_layers} layers, {n_train / 1e6:.2f}M trainable parameters; "
-        f"{data.shape[0]} sequences of {L} tokens")
+    log(f"drafter: {cfg.num_layers} layers, {n_train / 1e6:.2f}M trainable parameters; {N} sequences of {L} tokens")
 
     # Chat rows vary in length (prompt + answer, right-padded): batches of similar rows pad less
     # in the compacted pass (bd3_compact: 320 instead of 404 positions a row on the Qwen data).
-    order = length_order(kept_length(loss_mask, cfg.block_size), cfg.seed) if cfg.data == "chat" else None
+    order = length_order(kept_length(data.loss_mask, cfg.block_size), cfg.seed) if cfg.data == "chat" else None
+    attn_mask = training_mask(L, cfg.block_size, cfg.clean_mask)
 
     def loss_fn(step, gen):
-        idx = (torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen) if order is None
+        idx = (torch.randint(0, N, (cfg.batch_size,), generator=gen) if order is None
                else grouped_batch(order, cfg.batch_size, gen))
-        loss = bd3_loss(model, data[idx], loss_mask[idx], attn_mask, cfg.block_size, drafter.dcfg.mask_token_id,
-                        cfg.mix, cfg.gamma, gen, label_map, None if labels is None else labels[idx].clamp(min=0),
-                        cfg.teacher_chain, soft=None if soft is None else (soft[0][idx], soft[1][idx]))
+        loss = bd3_loss(model, data.ids[idx], data.loss_mask[idx], attn_mask, cfg.block_size,
+                        drafter.dcfg.mask_token_id, cfg.mix, cfg.gamma, gen, label_map,
+                        None if data.labels is None else data.labels[idx].clamp(min=0), cfg.teacher_chain,
+                        soft=None if data.soft is None else (data.soft[0][idx], data.soft[1][idx]))
         return loss, cfg.batch_size * L
 
     def held_out(step):
-        ev = measure_tau(target, drafter, eval_prompts, cfg.eval_new_tokens, cfg.block_size,
+        ev = measure_tau(target, drafter, data.eval_prompts, cfg.eval_new_tokens, cfg.block_size,
                          stop_ids=tok.stop_token_ids() if cfg.data == "chat" else ())
         log(f"  held-out τ (B={cfg.block_size}, greedy, {cfg.eval_prompts} prompts): {ev['tau']:.3f}")
         return {"tau": ev["tau"]}
