@@ -176,40 +176,44 @@ def generate(
                  extra=2 * B + 2)
     if mode == "dflash":
         return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round)
-    chosen = async_defaults(model.device)
-    overlap = chosen.overlap if overlap is None else overlap
-    hypotheses = chosen.hypotheses if hypotheses is None else hypotheses
-    fanout = chosen.fanout if fanout is None else fanout
-    successor_threshold = chosen.threshold if successor_threshold is None else successor_threshold
-    if overlap not in OVERLAPS:
-        raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
-    verify_min_prob = default_verify_min_prob(model.device) if verify_min_prob is None else verify_min_prob
-    leaves = (0 if exact else default_leaves(model.device, mode)) if leaves is None else leaves
-    lookup = default_lookup(model.device, mode) if lookup is None else lookup
-    gate = default_gate(model.device, mode) if gate is None else gate
-    if not isinstance(gate, bool):
-        raise ValueError(f"gate={gate!r}: must be True or False")
-    if gate and mode != "sync":
+    settings = d3d_settings(model.device, mode, exact, overlap=overlap, hypotheses=hypotheses, fanout=fanout,
+                            successor_threshold=successor_threshold, verify_min_prob=verify_min_prob, leaves=leaves,
+                            lookup=lookup, gate=gate)
+    return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
+                                on_round, exact=exact, **settings)
+
+
+def d3d_settings(device: torch.device, mode: str, exact: bool, **given) -> dict:
+    """The keyword arguments of ``generate_speculative`` for a D3D ``mode``: each one ``given`` as
+    None takes the device's measured default (``d3d.overlap``); every value is checked, by name."""
+    chosen = async_defaults(device)
+    defaults = {"overlap": chosen.overlap, "hypotheses": chosen.hypotheses, "fanout": chosen.fanout,
+                "successor_threshold": chosen.threshold, "verify_min_prob": default_verify_min_prob(device),
+                "leaves": 0 if exact else default_leaves(device, mode), "lookup": default_lookup(device, mode),
+                "gate": default_gate(device, mode)}
+    s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
+    if s["overlap"] not in OVERLAPS:
+        raise ValueError(f"overlap={s['overlap']!r}: expected one of {OVERLAPS}")
+    if not isinstance(s["gate"], bool):
+        raise ValueError(f"gate={s['gate']!r}: must be True or False")
+    if s["gate"] and mode != "sync":
         raise ValueError(f"gate=True with mode={mode!r}: the gate chooses between drafting and plain steps in sync only")
-    if not (isinstance(verify_min_prob, (int, float)) and 0 <= verify_min_prob <= 1):
-        raise ValueError(f"verify_min_prob={verify_min_prob!r}: must be a probability in [0, 1]")
-    for name, value, least in (("hypotheses", hypotheses, 1), ("fanout", fanout, 1), ("leaves", leaves, 0),
-                               ("lookup", lookup, 0)):
+    if not (isinstance(s["verify_min_prob"], (int, float)) and 0 <= s["verify_min_prob"] <= 1):
+        raise ValueError(f"verify_min_prob={s['verify_min_prob']!r}: must be a probability in [0, 1]")
+    for name, least in (("hypotheses", 1), ("fanout", 1), ("leaves", 0), ("lookup", 0)):
+        value = s[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
-    if exact and leaves:
-        raise ValueError(f"exact=True with leaves={leaves}: a leaf attends through a mask, not as a one-token "
+    if exact and s["leaves"]:
+        raise ValueError(f"exact=True with leaves={s['leaves']}: a leaf attends through a mask, not as a one-token "
                          "step does, so its output could part from ar in low precision; use leaves=0")
-    if exact and mode == "async" and overlap == "packed":
+    if exact and mode == "async" and s["overlap"] == "packed":
         raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
                          "not 'packed' (its joint pass attends all rows at once)")
-    return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
-                                on_round, overlap, successor_threshold, exact, hypotheses, fanout, verify_min_prob,
-                                leaves, lookup, gate)
-
+    return s
 
 MODES = ("ar", "sync", "async", "dflash")
 
 __all__ = ["generate", "generate_ar", "generate_speculative", "generate_dflash", "GenerationOutput",
            "GenerationStats", "RoundInfo", "MODES", "OVERLAPS", "default_overlap", "normalize_prompts",
-           "check_limits"]
+           "check_limits", "d3d_settings"]
