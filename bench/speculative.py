@@ -149,7 +149,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
     return res
 
 
-def main(argv=None) -> dict:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", help="target directory (default: bundled)")
     ap.add_argument("--drafter", help="drafter directory (default: bundled)")
@@ -179,6 +179,46 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--compare", default=None, help="a previous speculative JSON to compare against")
     ap.add_argument("--plots", default=None, help="directory for PNG plots (needs matplotlib: pip install d3d[plot])")
+    return ap
+
+
+def load_sets(args, tok, corpus) -> tuple[dict[str, list[list[int]]], dict[str, str]]:
+    """The prompts of each of ``args.sets`` ({name: prompts}), and the sets that are not installed
+    ({name: why}: reported, never installed)."""
+    sets, missing = {}, {}
+    for name in args.sets:
+        try:
+            if args.validation and args.chat:
+                sets[name] = chat_prompts(tok, corpus, 0.05, args.n, "validation", seed=1234, templates=1,
+                                          explain=name == "explain")
+            elif args.validation:
+                sets[name] = heldout_prompts(tok, corpus, 0.05, args.n, args.prompt_len, part="validation")
+            else:
+                sets[name] = load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat, corpus=corpus)
+        except FileNotFoundError as e:
+            missing[name] = str(e)
+            print(f"prompt set {name!r} unavailable: {e}", file=sys.stderr)
+    return sets, missing
+
+
+def results_table(results: dict) -> str:
+    rows = []
+    for name, res in results.items():
+        for m, r in res.items():
+            rows.append([name, m, f"{r['tau']:.2f}" if "tau" in r else "-", r["tok_s"],
+                         f"{r.get('speedup_vs_fastest_ar', r['speedup_vs_ar']):.2f}x",
+                         f"{r['hit_rate']:.0%}" if m.startswith("async") else "-",
+                         f"{r['hypotheses_per_round']:.1f}" if m.startswith("async") else "-",
+                         f"{r['leaf_hit_rate']:.0%}" if r.get("leaves_per_round") else "-",
+                         f"{r['step_rate']:.0%}" if r.get("step_rate") else "-",
+                         f"{r['critical_draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / "
+                         f"{r['verify_seconds']:.2f}" if "tau" in r else "-"])
+    return markdown_table(["set", "mode", "τ", "tok/s", "vs fastest ar", "async hit rate", "hypotheses/round",
+                           "leaf hit rate", "gate steps", "draft on critical path / hypotheses passes / verify s"], rows)
+
+
+def main(argv=None) -> dict:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.sets is None:
         args.sets = list(CHAT_SETS if args.chat else PROMPT_SETS)
@@ -209,36 +249,13 @@ def main(argv=None) -> dict:
             raise SystemExit(f"mode dflash: no DFlash drafter at {dflash_dir} (pass --dflash DIR)")
         args.dflash_drafter = load_dflash(dflash_dir, target)
     d3d.generate(target, [1, 2, 3], max_new_tokens=8, mode="async", drafter=drafter, stop_ids=[])  # warm-up
-    results, missing = {}, {}
     corpus = training_corpus(target_dir)  # code prompts from the evaluation files of the target's own corpus
-    for name in args.sets:
-        try:
-            if args.validation and args.chat:
-                prompts = chat_prompts(tok, corpus, 0.05, args.n, "validation", seed=1234, templates=1,
-                                       explain=name == "explain")
-            elif args.validation:
-                prompts = heldout_prompts(tok, corpus, 0.05, args.n, args.prompt_len, part="validation")
-            else:
-                prompts = load_prompt_set(name, tok, args.n, args.prompt_len, chat=args.chat, corpus=corpus)
-        except FileNotFoundError as e:
-            missing[name] = str(e)
-            print(f"prompt set {name!r} unavailable: {e}", file=sys.stderr)
-            continue
+    sets, missing = load_sets(args, tok, corpus)
+    results = {}
+    for name, prompts in sets.items():
         print(f"{name}: {len(prompts)} prompts", file=sys.stderr)
         results[name] = bench_set(target, drafter, prompts, args)
-    rows = []
-    for name, res in results.items():
-        for m, r in res.items():
-            rows.append([name, m, f"{r['tau']:.2f}" if "tau" in r else "-", r["tok_s"],
-                         f"{r.get('speedup_vs_fastest_ar', r['speedup_vs_ar']):.2f}x",
-                         f"{r['hit_rate']:.0%}" if m.startswith("async") else "-",
-                         f"{r['hypotheses_per_round']:.1f}" if m.startswith("async") else "-",
-                         f"{r['leaf_hit_rate']:.0%}" if r.get("leaves_per_round") else "-",
-                         f"{r['step_rate']:.0%}" if r.get("step_rate") else "-",
-                         f"{r['critical_draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / "
-                         f"{r['verify_seconds']:.2f}" if "tau" in r else "-"])
-    print(markdown_table(["set", "mode", "τ", "tok/s", "vs fastest ar", "async hit rate", "hypotheses/round",
-                          "leaf hit rate", "gate steps", "draft on critical path / hypotheses passes / verify s"], rows))
+    print(results_table(results))
     config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target")}
     config["dtype_used"] = str(target.dtype).removeprefix("torch.")
     payload = {"bench": "speculative", "machine": machine(), "config": config,
