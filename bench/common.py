@@ -169,7 +169,9 @@ def mode_flags(mode: str, flags: str) -> dict:
     """``d3d.generate`` arguments of a mode's ``+flag`` suffixes (``flags`` = "+exact+leaves4"):
     +exact (row-invariant verification), +leavesL (L bonus leaves), +lookupN (copy drafts after an
     N-token match in the context, ``d3d.lookup``), +gate / +nogate (plain target steps while drafting
-    rounds measure slower, ``d3d.gate``; off by default)."""
+    rounds measure slower, ``d3d.gate``; off by default), +storeN (drafts looked up in the datastore,
+    ``d3d.datastore``, where N% of the occurrences agree on the first: ``datastore_min_confidence``,
+    which the caller turns into a ``datastore``)."""
     kw = {}
     for flag in flags.split("+")[1:]:
         if flag == "exact":
@@ -180,6 +182,9 @@ def mode_flags(mode: str, flags: str) -> dict:
             kw["lookup"] = int(flag.removeprefix("lookup"))
         elif flag in ("gate", "nogate"):
             kw["gate"] = flag == "gate"
+        elif re.fullmatch(r"store\d*", flag):
+            kw["datastore_min_confidence"] = int(flag.removeprefix("store") or 0) / 100
         else:
-            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN, +gate, +nogate)")
+            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN, +gate, +nogate, "
+                             "+store[N])")
     return kw

@@ -16,8 +16,10 @@ with row-invariant attention (bf16 output equal to ar bit for bit); +leavesL ver
 likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, leaves_per_round);
 +lookupN copies the draft from the context after an N-token match (``lookup``; the JSON's lookup_rate);
 +gate / +nogate: plain target steps while drafting rounds measure slower (``gate``, ``d3d.gate``; the
-JSON's step_rate, and tau_speculating, τ over the rounds that verified drafts).
-Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``.
+JSON's step_rate, and tau_speculating, τ over the rounds that verified drafts); +storeN drafts from
+the target's own earlier answers (``--datastore``, ``d3d.datastore``) where N% of the occurrences agree
+on the first draft (+store: any share; the JSON's datastore_rate).
+Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``, ``sync+store50``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -57,7 +59,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
         raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]"
-                         "[+lookupN][+gate|+nogate]")
+                         "[+lookupN][+gate|+nogate][+store[N]]")
     name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
@@ -75,6 +77,10 @@ def run_mode(target, drafter, prompt, mode: str, args):
     if m["likely"]:
         kw["verify_min_prob"] = float(m["likely"])
     kw.update(mode_flags(mode, m["flags"]))
+    if "datastore_min_confidence" in kw:
+        if args.datastore is None:
+            raise SystemExit(f"mode {mode}: +store needs --datastore DIR (an answer store of this target)")
+        kw["datastore"] = args.datastore.at(kw.pop("datastore_min_confidence"))
     t = time.perf_counter()
     out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
     return out, time.perf_counter() - t
@@ -84,7 +90,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
                "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [],
                "identical": 0, "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0,
-               "lookup": 0, "steps": 0} for m in args.modes}
+               "lookup": 0, "steps": 0, "datastore": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32
@@ -117,6 +123,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["leaf_hits"] += s.leaf_hits
             a["lookup"] += s.lookup_drafts
             a["steps"] += s.steps
+            a["datastore"] += s.datastore_drafts
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
                 if hist:
                     a[key] = hist if a[key] is None else [x + y for x, y in zip(a[key], hist)]
@@ -136,6 +143,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      verified_drafts_per_round=a["verified"] / a["rounds"],
                      leaves_per_round=a["leaves"] / a["rounds"], leaf_hit_rate=a["leaf_hits"] / a["rounds"],
                      lookup_rate=a["lookup"] / a["rounds"], step_rate=a["steps"] / a["rounds"],
+                     datastore_rate=a["datastore"] / a["rounds"],
                      tau_speculating=(sum((k + 1) * c for k, c in enumerate(a["hist"])) - a["steps"])
                      / max(a["rounds"] - a["steps"], 1))
             if a["hits_by_accept"]:
@@ -179,6 +187,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--compare", default=None, help="a previous speculative JSON to compare against")
     ap.add_argument("--plots", default=None, help="directory for PNG plots (needs matplotlib: pip install d3d[plot])")
+    ap.add_argument("--datastore", default=None,
+                    help="an answer store of the target's own answers (e.g. data/qwen2.5-coder-answers) for the "
+                         "+store modes (d3d.datastore)")
     return ap
 
 
@@ -238,6 +249,14 @@ def main(argv=None) -> dict:
     tok = d3d.load_tokenizer(target_dir)
     args.stop_ids = tok.stop_token_ids() if args.chat else []
     drafter = d3d.load_drafter(drafter_dir, target=target)
+    args.datastore_dir, args.datastore = args.datastore, None
+    if any("+store" in m for m in args.modes):
+        if args.datastore_dir is None:
+            ap.error("the +store modes need --datastore DIR")
+        t0 = time.perf_counter()
+        args.datastore = d3d.load_datastore(args.datastore_dir, target)
+        print(f"datastore {args.datastore_dir}: {len(args.datastore)} tokens indexed in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr)
     args.fp32_target = (d3d.load_model(target_dir, dtype="float32", device=args.device)
                         if "ar-fp32" in args.modes else None)
     args.dflash_drafter = None
@@ -256,7 +275,7 @@ def main(argv=None) -> dict:
         print(f"{name}: {len(prompts)} prompts", file=sys.stderr)
         results[name] = bench_set(target, drafter, prompts, args)
     print(results_table(results))
-    config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target")}
+    config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target", "datastore")}
     config["dtype_used"] = str(target.dtype).removeprefix("torch.")
     payload = {"bench": "speculative", "machine": machine(), "config": config,
                "target": str(target_dir), "drafter": str(drafter_dir),

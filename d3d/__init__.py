@@ -10,12 +10,15 @@ The public API::
 
 from .checkpoint import load_model, save_model
 from .config import ModelConfig
+from .datastore import Datastore, load_datastore
 from .drafter import Drafter, DrafterConfig, load_drafter, save_drafter
 from .engines import GenerationOutput, GenerationStats, generate
 from .model import Transformer
 from .tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
+    "Datastore",
+    "load_datastore",
     "Drafter",
     "DrafterConfig",
     "load_drafter",

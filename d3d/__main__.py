@@ -67,6 +67,7 @@ class Explainer:
         if info.leaf is not None:  # the verified leaf the target chose, then the bonus after it
             bonus = self._paint(piece([info.committed[-2]]), "1;36", "{{{}}}") + " then " + bonus
         source = ("ready: a hypothesis of the previous round hit" if info.successor_used else
+                  "looked up in the datastore" if info.stored else
                   "copied from the context" if info.copied else
                   "a plain target step: drafting measured slower (--gate)" if info.step else
                   f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
@@ -167,7 +168,8 @@ def cmd_generate(args) -> int:
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact,
                        hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
-                       leaves=args.leaves, lookup=args.lookup, gate=args.gate)
+                       leaves=args.leaves, lookup=args.lookup, gate=args.gate,
+                       datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
@@ -420,6 +422,11 @@ def add_generate_parser(sub) -> None:
                         "tokens per second, trying drafting again every 8th round (lossless). Off by default: on "
                         "validation requests it cost 3-5%% where drafting paid on average; it helps where drafting "
                         "loses throughout, e.g. prose on a CPU without bf16 (docs/results/gate/)")
+    g.add_argument("--datastore", default=None, metavar="DIR",
+                   help="sync/async: where no copy from the context applies, draft what the target's own earlier "
+                        "answers continued the last few tokens with (an answer store of this model, e.g. "
+                        "data/qwen2.5-coder-answers; indexed at start, a few seconds) before asking the drafter "
+                        "(lossless; d3d/datastore.py)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "

@@ -24,6 +24,7 @@ from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
 
 if TYPE_CHECKING:
+    from .datastore import Datastore
     from .drafter import Drafter
 
 
@@ -120,6 +121,7 @@ def generate(
     leaves: int | None = None,
     lookup: int | None = None,
     gate: bool | None = None,
+    datastore: "Datastore | None" = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
 
@@ -148,6 +150,9 @@ def generate(
     gate: sync takes plain target steps instead of drafting rounds while those commit more tokens
         per second (measured as it runs, ``d3d.gate``); the output is the same. None = the device's
         default (``d3d.overlap.default_gate``: off, chosen on validation requests).
+    datastore: sync/async rows without a copied draft look one up in the target's own earlier text
+        (a ``d3d.datastore.Datastore``, e.g. ``d3d.load_datastore(answer_store_dir, target)``) before
+        asking the drafter; None: never.
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
     if mode not in MODES:
@@ -155,6 +160,14 @@ def generate(
     check_sampling_args(temperature, top_k, top_p)
     prompts = normalize_prompts(prompt_ids, model.cfg.vocab_size)
     stops = set(model.cfg.eos_token_ids if stop_ids is None else stop_ids)
+    if datastore is not None:
+        from .datastore import Datastore
+
+        if not isinstance(datastore, Datastore):
+            raise ValueError(f"datastore: expected a d3d.datastore.Datastore (d3d.load_datastore), got "
+                             f"{type(datastore).__name__}")
+        if mode not in ("sync", "async"):
+            raise ValueError(f"datastore with mode={mode!r}: datastore drafts are for the D3D modes, sync and async")
     if mode == "ar":
         check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
         return generate_ar(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stops, stream)
@@ -180,7 +193,7 @@ def generate(
                             successor_threshold=successor_threshold, verify_min_prob=verify_min_prob, leaves=leaves,
                             lookup=lookup, gate=gate)
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
-                                on_round, exact=exact, **settings)
+                                on_round, exact=exact, datastore=datastore, **settings)
 
 
 def d3d_settings(device: torch.device, mode: str, exact: bool, **given) -> dict:

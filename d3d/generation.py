@@ -34,6 +34,7 @@ class GenerationStats:
     verified_leaves: int = 0  # leaves: bonus candidates verified beside the drafts (d3d.speculative)
     leaf_hits: int = 0  # leaves: rounds whose bonus was a verified leaf (one more token committed)
     lookup_drafts: int = 0  # lookup: drafts copied from the context instead of drafted (d3d.lookup)
+    datastore_drafts: int = 0  # datastore: drafts looked up in the target's earlier text (d3d.datastore)
     steps: int = 0  # gate: rounds (x sequences) that were plain target steps, drafting not paying (d3d.gate)
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification

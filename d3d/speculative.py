@@ -5,7 +5,8 @@ A D3D round, for every active sequence:
     1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
                   outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)].
                   With ``lookup`` n, a row whose last n tokens occurred before copies what followed
-                  them instead (``d3d.lookup``; no drafter pass for it). With ``gate``, rows left for
+                  them instead (``d3d.lookup``; no drafter pass for it), or with a ``datastore`` what the
+                  target's earlier answers continued them with (``d3d.datastore``). With ``gate``, rows left for
                   the drafter get an empty draft instead while drafting measures slower than plain
                   target steps (``d3d.gate``): step 2 is then one target step
     2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from .datastore import Datastore
 from .drafter import Block
 from .gate import DRAFT, STEP, Gate
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
@@ -77,7 +79,8 @@ class RoundInfo:
     hypotheses: list[Hypothesis] = field(default_factory=list)  # async: the likeliest outcomes (drafted if draft_span)
     hit: int | None = None  # async: index of the hypothesis that matched the outcome
     leaf: int | None = None  # leaves: index of the verified leaf accepted as the last of ``accepted`` drafts
-    copied: bool = False  # lookup: this round's draft was copied from the context (d3d.lookup)
+    copied: bool = False  # lookup: this round's draft was copied from the context (d3d.lookup) or the datastore
+    stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.datastore)
     step: bool = False  # gate: a plain target step (no drafts), where drafting did not pay (d3d.gate)
 
 
@@ -233,7 +236,8 @@ class RoundDrafts:
 
     drafts: dict[int, Draft]
     need: list[int]  # rows that had no ready draft and copied none: drafted now (or, by the gate, stepped)
-    copied: set[int]  # rows whose draft was copied from the context (lookup)
+    copied: set[int]  # rows whose draft was copied from the context (lookup) or the datastore
+    stored: set[int]  # those of them whose draft came from the datastore
     kind: str  # DRAFT, or STEP where the gate gave ``need`` empty drafts
     seconds: float  # the drafter pass on the critical path
 
@@ -250,14 +254,16 @@ class Drafting:
         self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
         self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
 
-    def prepare(self, rows: list[int], lookup: int, gate: Gate | None, clock: Clock) -> RoundDrafts:
+    def prepare(self, rows: list[int], lookup: int, gate: Gate | None, clock: Clock,
+                datastore: Datastore | None = None) -> RoundDrafts:
         """Step 1: a row keeps its ready draft (a hypothesis of the last round hit); else, with
-        ``lookup``, copies one from its context; else the drafter drafts it in one pass for all such
-        rows, or, where ``gate`` chooses a step, it gets an empty draft."""
-        need = [i for i in rows if self.ready[i] is None]
+        ``lookup``, copies one from its context, or with ``datastore`` looks one up there; else the
+        drafter drafts it in one pass for all such rows, or, where ``gate`` chooses a step, it gets
+        an empty draft."""
+        need, stored = [i for i in rows if self.ready[i] is None], set()
         copied = set(need)
-        if lookup:
-            need = self.copy(need, lookup)
+        if lookup or datastore is not None:
+            need, stored = self.copy(need, lookup, datastore)
         copied.difference_update(need)
         kind, seconds = (gate.choose() if gate and need else DRAFT), 0.0
         if need and kind == STEP:  # an empty draft: the verification is one target step
@@ -270,7 +276,7 @@ class Drafting:
                 self.ready[i] = d
             seconds = t1 - t0
             self.stats.draft_seconds += seconds
-        return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, kind, seconds)
+        return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, stored, kind, seconds)
 
     def draft(self, rows: list[int]) -> list[Draft]:
         """Step 1 for rows without a ready draft: one drafter pass over each row's uncached committed
@@ -290,19 +296,27 @@ class Drafting:
             return [Hypothesis(len(draft.tokens), None, draft.certainty)]
         return outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, self.K, self.fanout)
 
-    def copy(self, rows: list[int], min_ngram: int) -> list[int]:
-        """Step 1 by lookup: each row whose last ``min_ngram``+ tokens occurred before gets the chain
-        that followed them as its draft (confidence 1: the drafter is not asked; no leaves). Returns
-        the rows that still need the drafter."""
-        rest = []
+    def copy(self, rows: list[int], min_ngram: int, datastore: Datastore | None = None) -> tuple[list[int], set[int]]:
+        """Step 1 by lookup: each row whose last ``min_ngram``+ tokens occurred before (``min_ngram``
+        0: never) gets the chain that followed them as its draft (confidence 1); a row without one
+        gets the ``datastore``'s chain, if it has one (its confidences: the shares of agreeing
+        occurrences). The drafter is not asked; no leaves. Returns the rows that still need the
+        drafter, and the rows that drafted from the datastore."""
+        rest, stored = [], set()
         for i in rows:
-            chain = lookup_chain(self.committed[i], min_ngram, self.B - 1)
+            chain = lookup_chain(self.committed[i], min_ngram, self.B - 1) if min_ngram else []
             if chain:
                 self.ready[i] = Draft(chain, [1.0] * len(chain), [], [])
                 self.stats.lookup_drafts += 1
+                continue
+            chain, confidence = datastore.chain(self.committed[i], self.B - 1) if datastore is not None else ([], [])
+            if chain:
+                self.ready[i] = Draft(chain, confidence, [], [])
+                self.stats.datastore_drafts += 1
+                stored.add(i)
             else:
                 rest.append(i)
-        return rest
+        return rest, stored
 
     def leaves(self, draft: Draft, n: int) -> list[Hypothesis]:
         """Step 2's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed."""
@@ -364,6 +378,7 @@ def generate_speculative(
     leaves: int = 0,
     lookup: int = 0,
     gate: bool = False,
+    datastore: Datastore | None = None,
 ) -> GenerationOutput:
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
 
@@ -389,6 +404,8 @@ def generate_speculative(
     step, the rows that need the drafter take plain steps instead, trying drafting again every few
     rounds (``d3d.gate``; measured, so the rounds depend on timing, the output does not). In a
     batch, a step round verifies no drafts in any row.
+    ``datastore``: rows without a ready or copied draft look one up in the target's own earlier text
+    (``d3d.datastore``) before asking the drafter.
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
@@ -413,7 +430,7 @@ def generate_speculative(
         rnd = 0
         while rows := out.active():
             # 1 draft (rows whose last round's hypotheses missed or had none), then how many to verify
-            r = side.prepare(rows, lookup, chooser, clock)
+            r = side.prepare(rows, lookup, chooser, clock, datastore)
             n_verify = verify_width([r.drafts[i] for i in rows], verify_min_prob)
             leaf_rows = [side.leaves(r.drafts[i], n_verify) for i in rows]
             drafts = {i: r.drafts[i].truncated(n_verify) for i in rows}
@@ -446,7 +463,7 @@ def generate_speculative(
                         successor_used=not drafted and i not in r.copied, fallback=bool(mine) and hit is None,
                         sync_draft_seconds=r.seconds if drafted else 0.0, verify_span=v_span,
                         draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps[i], hit=hit,
-                        leaf=o.leaf, copied=i in r.copied, step=r.kind == STEP and drafted))
+                        leaf=o.leaf, copied=i in r.copied, stored=i in r.stored, step=r.kind == STEP and drafted))
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 

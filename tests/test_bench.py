@@ -211,3 +211,33 @@ def test_agreement_smoke(tiny_pair, tmp_path):
     with pytest.raises(SystemExit):  # raw-text sets cannot be asked as chat turns
         bench_main(["agreement", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
                     "--chat", "--sets", "code"])
+
+
+def test_speculative_store_modes(tiny_pair, tmp_path):
+    """+storeN drafts from --datastore (an answer store of this target); a store holding the target's
+    own continuation of the prompt drafts every round it can; +store without --datastore is refused."""
+    from d3d.corpus import training_corpus
+    from d3d.prompts import load_prompt_set
+    from d3d.train.answer_store import AnswerStore, target_fingerprint
+
+    target = d3d.load_model(tiny_pair / "target", dtype="float32")
+    tok = d3d.load_tokenizer(tiny_pair / "target")
+    prompt = load_prompt_set("code", tok, 1, 64, corpus=training_corpus(tiny_pair / "target"))[0]
+    answer = d3d.generate(target, prompt, max_new_tokens=12, stop_ids=[]).tokens[0]
+    store = AnswerStore(tmp_path / "store", target_fingerprint(target), 12)
+    store.prepare()
+    torch.save([[("code", prompt, prompt[-8:] + answer)]], store.pending_path)
+    store.seal(None, "float32")
+    out = tmp_path / "spec.json"
+    common = ["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"), "--n", "1",
+              "--new-tokens", "12", "--block-size", "4", "--sets", "code", "--dtype", "float32"]
+    bench_main(common + ["--modes", "ar", "sync+lookup0", "sync+lookup0+store", "sync+lookup0+store10",
+                         "--datastore", str(tmp_path / "store"), "--out", str(out)])
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    res = payload["results"]["code"]
+    assert res["sync+lookup0"]["datastore_rate"] == 0 < res["sync+lookup0+store"]["datastore_rate"]
+    assert res["sync+lookup0+store"]["tau"] > res["sync+lookup0"]["tau"]
+    assert all(r["identical_to_ar"] == 1 for r in res.values())
+    with pytest.raises(SystemExit):
+        bench_main(common + ["--modes", "ar", "sync+store"])

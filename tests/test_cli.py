@@ -69,6 +69,36 @@ def test_generate_leaves_and_lookup_explained_and_checked(capsys):
         assert code == 2 and what in err, err
 
 
+@pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")
+def test_generate_with_a_datastore(capsys, tmp_path):
+    """--datastore DIR: an answer store of the model's own text drafts rounds (--explain says so); the
+    output equals ar; a directory that is not an answer store is named."""
+    import torch
+
+    import d3d
+    from d3d.assets import BUNDLED_TARGET
+    from d3d.train.answer_store import AnswerStore, target_fingerprint
+
+    target = d3d.load_model(models_dir() / BUNDLED_TARGET)
+    tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)
+    prompt = tok.encode("def add(a, b):")
+    answer = d3d.generate(target, prompt, max_new_tokens=24, stop_ids=[]).tokens[0]
+    store = AnswerStore(tmp_path / "store", target_fingerprint(target), 24)
+    store.prepare()
+    torch.save([[("code", prompt, prompt + answer)]], store.pending_path)
+    store.seal(None, "float32")
+    args = ["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "24", "--mode", "sync", "--lookup", "0"]
+    code, out, _ = run_cli(args + ["--json"], capsys)
+    ar = json.loads(run_cli(["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "24", "--mode", "ar",
+                             "--json"], capsys)[1])["token_ids"]
+    code, out, _ = run_cli(args + ["--json", "--datastore", str(tmp_path / "store")], capsys)
+    assert code == 0 and json.loads(out)["token_ids"] == ar
+    code, out, _ = run_cli(args + ["--explain", "--datastore", str(tmp_path / "store")], capsys)
+    assert code == 0 and "(looked up in the datastore)" in out
+    code, _, err = run_cli(args + ["--datastore", str(tmp_path)], capsys)
+    assert code == 2 and "manifest.json: not a readable answer-store manifest" in err
+
+
 def test_clear_errors(capsys, tmp_path):
     code, _, err = run_cli(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x", "--mode", "ar"], capsys)
     assert code == 2 and "nope" in err

@@ -1,0 +1,163 @@
+"""Drafting from a datastore (``d3d.datastore``): lookups against a loop oracle, lossless engines."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from d3d.datastore import SEPARATOR, Datastore, load_datastore, majority_walk, sorted_starts
+from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
+
+
+def oracle_chain(docs, context, max_len, min_ngram, max_ngram, min_confidence=0.0):
+    """A plain scan: every occurrence of the longest suffix of ``context`` (``min_ngram``..``max_ngram``
+    tokens) in any doc that some occurrence continues, and the majority walk over what followed each
+    (within its doc)."""
+    for k in range(min(max_ngram, len(context)), min_ngram - 1, -1):
+        tail = context[-k:]
+        conts = [d[s + k:s + k + max_len] for d in docs for s in range(len(d) - k + 1) if d[s:s + k] == tail]
+        if any(conts):  # some occurrence has a continuation
+            break
+    else:
+        return [], []
+    tokens, confidence, rows = [], [], conts
+    for depth in range(max_len):
+        column = [c[depth] for c in rows if depth < len(c)]
+        if not column:
+            break
+        best = max(column.count(t) for t in set(column))
+        t = min(t for t in set(column) if column.count(t) == best)
+        tokens.append(t)
+        confidence.append(best / len(rows))
+        rows = [c for c in rows if depth < len(c) and c[depth] == t]
+    if not tokens or confidence[0] < min_confidence:
+        return [], []
+    return tokens, confidence
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("ngrams", [(1, 1), (2, 4), (3, 8)])
+def test_chain_equals_a_plain_scan(seed, ngrams):
+    rng = random.Random(seed)
+    docs = [[rng.randrange(4) for _ in range(rng.randrange(0, 30))] for _ in range(25)]
+    store = Datastore(docs, min_ngram=ngrams[0], max_ngram=ngrams[1], sample=10_000)
+    assert len(store) == sum(map(len, docs))
+    for _ in range(60):
+        context = [rng.randrange(5) for _ in range(rng.randrange(0, 12))]  # id 4: never in the store
+        max_len = rng.randrange(1, 9)
+        assert store.chain(context, max_len) == oracle_chain(docs, context, max_len, *ngrams), (context, max_len)
+
+
+def test_chain_prefers_the_longest_match_and_respects_min_confidence():
+    docs = [[1, 2, 3, 7, 7], [9, 2, 3, 5, 6], [8, 2, 3, 5, 4]]
+    store = Datastore(docs, min_ngram=2, max_ngram=3)
+    assert store.chain([0, 1, 2, 3], 5) == ([7, 7], [1.0, 1.0])  # "1 2 3" occurs once: its continuation
+    tokens, confidence = store.chain([0, 4, 2, 3], 5)  # only "2 3" occurs: three continuations
+    assert tokens == [5, 4] and confidence == pytest.approx([2 / 3, 1 / 2])
+    assert Datastore(docs, min_ngram=2, min_confidence=0.7).chain([4, 2, 3], 5) == ([], [])
+    assert store.chain([6, 6], 5) == ([], []) and store.chain([3], 5) == ([], [])  # no match; shorter than min_ngram
+    assert store.chain([9, 2, 3, 5, 6], 4) == ([], [])  # "5 6" and "6" end their doc: nothing follows
+    assert store.chain([0, 9, 2, 3, 5], 4) == ([4], [0.5])  # "2 3 5" twice, then 6 or 4: a tie, the smaller id
+
+
+def test_sampling_keeps_at_most_sample_occurrences():
+    docs = [[1, 2, 3]] * 300 + [[1, 2, 4]] * 100
+    tokens, confidence = Datastore(docs, min_ngram=2, sample=40).chain([1, 2], 3)
+    assert tokens == [3] and 0.6 <= confidence[0] <= 0.9  # an evenly spaced sample of the 400
+
+
+def test_sorted_starts_orders_positions_by_their_next_tokens():
+    rng = random.Random(3)
+    toks = [rng.randrange(3) if rng.random() > 0.1 else SEPARATOR for _ in range(200)]
+    order = sorted_starts(torch.tensor(toks, dtype=torch.int32), 4).tolist()
+    keys = [toks[p:p + 4] for p in order]
+    assert sorted(order) == list(range(200)) and keys == sorted(keys)
+    assert majority_walk([[5, 1], [5, 2], [6]]) == ([5, 1], [2 / 3, 1 / 2])
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        Datastore([[1]], min_ngram=4, max_ngram=3)
+    with pytest.raises(ValueError, match="min_confidence=1.5"):
+        Datastore([[1]], min_confidence=1.5)
+    with pytest.raises(ValueError, match="token ids must be >= 0"):
+        Datastore([[1, -3]])
+
+
+def own_text_store(target, prompts, n=40, **kw):
+    """A datastore of the target's greedy continuations of other prompts: its own phrasing."""
+    return Datastore(reference(target, prompts, n), **kw)
+
+
+OTHER = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2, 5], [9, 3, 1, 4]]
+PROMPTS = [[3, 7, 1], [5, 5, 5, 2], [2, 9, 11, 4, 8], [10, 12]]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_greedy_with_a_datastore_equals_ar(mode):
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    store = own_text_store(target, OTHER, min_ngram=2)
+    ref = reference(target, PROMPTS, 40)
+    plain = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, lookup=0)
+    rounds = []
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, lookup=0,
+                   datastore=store, on_round=rounds.append)
+    assert out.tokens == plain.tokens == ref
+    assert 0 < out.stats.datastore_drafts < out.stats.rounds and out.stats.lookup_drafts == 0
+    assert out.stats.tau > plain.stats.tau  # the target's own continuations are accepted
+    stored = [r for r in rounds if r.stored]
+    assert len(stored) == out.stats.datastore_drafts and all(r.copied and not r.sync_draft_seconds for r in stored)
+    for p, r in zip(PROMPTS, ref):  # batch of one: chains of their own length
+        assert generate(target, p, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter,
+                        datastore=store).tokens == [r]
+
+
+def test_the_context_copy_comes_first_and_verify_min_prob_cuts_store_chains():
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    store = own_text_store(target, OTHER, min_ngram=1)
+    both = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=1,
+                    datastore=store)
+    alone = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=1)
+    assert both.tokens == alone.tokens and both.stats.lookup_drafts > 0 and both.stats.datastore_drafts > 0
+    assert both.stats.lookup_drafts + both.stats.datastore_drafts <= both.stats.rounds
+    unsure = own_text_store(target, OTHER + [[t] for t in range(13)] * 3, min_ngram=1)  # confidences < 1
+    cut = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=0,
+                   datastore=unsure, verify_min_prob=0.99)
+    full = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=0,
+                    datastore=unsure, verify_min_prob=0.0)
+    assert cut.tokens == full.tokens and cut.stats.verified_drafts < full.stats.verified_drafts
+
+
+def test_sampling_with_a_datastore_follows_the_target_distribution(monkeypatch):
+    """A datastore chain is a deterministic draft: accepted with the target's probability, so sampled
+    outputs keep the target's distribution (control: acceptance that ignores T must fail)."""
+    target = tiny_target(seed=11, vocab=6, std=0.5)
+    drafter = random_drafter(target, 3, seed=12)
+    store = Datastore([[a, b, c] for a in range(6) for b in range(6) for c in (b, (b + 1) % 6)], min_ngram=1)
+    out = assert_samples_follow_target(target, [0, 1, 2, 3, 4, 5], monkeypatch, mode="sync", drafter=drafter,
+                                       lookup=0, datastore=store)
+    assert out.stats.datastore_drafts >= 4000
+
+
+def test_datastore_errors_are_named(tmp_path):
+    from d3d.engines import generate as library_generate
+    from d3d.train.answer_store import AnswerStore, target_fingerprint
+
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    with pytest.raises(ValueError, match="datastore: expected a d3d.datastore.Datastore"):
+        library_generate(target, [1, 2], max_new_tokens=3, mode="sync", drafter=drafter, datastore=[[1, 2]])
+    with pytest.raises(ValueError, match="datastore with mode='ar'"):
+        library_generate(target, [1, 2], max_new_tokens=3, datastore=Datastore([[1, 2]]))
+    other = tiny_target(seed=99)
+    store = AnswerStore(tmp_path / "s", target_fingerprint(other), 8)
+    store.prepare()
+    torch.save([[("code", [1, 2], [3, 4, 5])]], store.pending_path)
+    store.seal(None, "float32")
+    assert len(load_datastore(tmp_path / "s", other)) == 3 and len(load_datastore(tmp_path / "s")) == 3
+    with pytest.raises(ValueError, match="the answers of another model"):
+        load_datastore(tmp_path / "s", target)
