@@ -34,6 +34,7 @@ import copy
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,20 +42,41 @@ import torch
 SEPARATOR = -1  # between answers: never matched, never drafted
 
 
+@dataclass
+class Chain:
+    """A datastore's draft: tokens d_1..d_n, the estimated probability of each given the ones before
+    (``confidence``), the likeliest tokens per position with theirs (``top_ids`` / ``top_probs``, the
+    draft's token first: what bonus leaves are built from), and the evidence: ``support[d]`` =
+    (occurrences that agreed up to d, those of them that continue with d's token)."""
+
+    tokens: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_probs: list[list[float]] = field(default_factory=list)
+    support: list[tuple[int, int]] = field(default_factory=list)
+
+
 class Datastore:
     """Token sequences (``docs``: lists of ids) indexed for ``chain`` lookups.
 
     ``min_ngram`` / ``max_ngram``: the shortest / longest context suffix matched (the longest found
-    wins); ``sample``: occurrences considered per lookup; ``min_confidence``: the least share of
-    agreeing occurrences for the first draft (else no chain: the drafter drafts)."""
+    wins); ``sample``: occurrences considered per lookup; ``prior``: the estimate of a draft's
+    probability is c / (n + prior) for c of n agreeing occurrences. A single occurrence is weak
+    evidence: its continuation was accepted at 52% of 15,518 drafted positions, 2 of 2 at 71%, 10+
+    unanimous at 91-97%; prior 1 fits best (mean squared error 0.196 against 0.286 for the raw share
+    and 0.208 / 0.241 for priors 2 / 4; ``docs/results/datastore/calibrate.txt``); ``min_confidence``: the least estimate for
+    the first draft (else no chain: the drafter drafts); ``top``: likeliest tokens kept per position."""
 
     def __init__(self, docs: list[list[int]], min_ngram: int = 3, max_ngram: int = 8, sample: int = 256,
-                 min_confidence: float = 0.0):
+                 prior: float = 1.0, min_confidence: float = 0.0, top: int = 3):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"Datastore: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if sample < 1 or not 0 <= min_confidence <= 1:
-            raise ValueError(f"Datastore: sample={sample} must be >= 1 and min_confidence={min_confidence} in [0, 1]")
-        self.min_ngram, self.max_ngram, self.sample, self.min_confidence = min_ngram, max_ngram, sample, min_confidence
+        if sample < 1 or top < 1 or prior < 0:
+            raise ValueError(f"Datastore: sample={sample} and top={top} must be >= 1, prior={prior} >= 0")
+        if not 0 <= min_confidence <= 1:
+            raise ValueError(f"Datastore: min_confidence={min_confidence} must be in [0, 1]")
+        self.min_ngram, self.max_ngram, self.sample, self.top = min_ngram, max_ngram, sample, top
+        self.prior, self.min_confidence = prior, min_confidence
         flat = [t for d in docs for t in (*d, SEPARATOR)]
         if any(t < 0 for d in docs for t in d):
             raise ValueError("Datastore: token ids must be >= 0")
@@ -62,12 +84,17 @@ class Datastore:
         self.order = array("i", sorted_starts(torch.tensor(flat, dtype=torch.int32), max_ngram).tolist())
         self.num_docs = len(docs)
 
-    def at(self, min_confidence: float) -> "Datastore":
-        """The same index with another ``min_confidence`` (the arrays are shared, not copied)."""
-        if not 0 <= min_confidence <= 1:
-            raise ValueError(f"Datastore: min_confidence={min_confidence} must be in [0, 1]")
+    def at(self, min_confidence: float | None = None, prior: float | None = None) -> "Datastore":
+        """The same index with another ``min_confidence`` / ``prior`` (the arrays are shared, not copied)."""
         other = copy.copy(self)
-        other.min_confidence = min_confidence
+        if min_confidence is not None:
+            if not 0 <= min_confidence <= 1:
+                raise ValueError(f"Datastore: min_confidence={min_confidence} must be in [0, 1]")
+            other.min_confidence = min_confidence
+        if prior is not None:
+            if prior < 0:
+                raise ValueError(f"Datastore: prior={prior} must be >= 0")
+            other.prior = prior
         return other
 
     def __len__(self) -> int:
@@ -80,35 +107,46 @@ class Datastore:
         hi = bisect_right(self.order, key, lo=lo, key=lambda p: self.tokens[p:p + k])
         return range(lo, hi)
 
-    def chain(self, context: list[int], max_len: int) -> tuple[list[int], list[float]]:
-        """Up to ``max_len`` drafts after ``context`` and their confidences (module docstring), from the
-        longest suffix of ``context`` (``min_ngram``+ tokens) that occurs with something after it;
-        ([], []) where none does, or where the first draft's confidence is below ``min_confidence``."""
+    def chain(self, context: list[int], max_len: int) -> Chain:
+        """Up to ``max_len`` drafts after ``context`` (module docstring), from the longest suffix of
+        ``context`` (``min_ngram``+ tokens) that occurs with something after it; an empty ``Chain``
+        where none does, or where the first draft's estimate is below ``min_confidence``."""
         for k in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
             found = self.occurrences(context[-k:])
             step = max(1, len(found) / self.sample)
             starts = [self.order[found.start + int(i * step)] + k for i in range(min(len(found), self.sample))]
-            tokens, confidence = majority_walk([self.tokens[s:s + max_len] for s in starts])
-            if tokens:  # else no occurrence, or each ended its answer: a shorter suffix may go on
-                return (tokens, confidence) if confidence[0] >= self.min_confidence else ([], [])
-        return [], []
+            walk = majority_walk([self.tokens[s:s + max_len] for s in starts], self.top)
+            if walk:  # else no occurrence, or each ended its answer: a shorter suffix may go on
+                chain = self.estimate(walk)
+                return chain if chain.confidence[0] >= self.min_confidence else Chain()
+        return Chain()
+
+    def estimate(self, walk: list[tuple[int, list[tuple[int, int]]]]) -> Chain:
+        """A ``majority_walk``'s counts as probabilities c / (n + prior)."""
+        chain = Chain()
+        for n, column in walk:
+            chain.tokens.append(column[0][0])
+            chain.confidence.append(column[0][1] / (n + self.prior))
+            chain.top_ids.append([t for t, _ in column])
+            chain.top_probs.append([c / (n + self.prior) for _, c in column])
+            chain.support.append((n, column[0][1]))
+        return chain
 
 
-def majority_walk(continuations: list) -> tuple[list[int], list[float]]:
-    """The token most continuations share at each depth, among those that agreed so far, with its
-    share (ties: the smallest id); stops at the end of every continuation (a separator or the
-    store's end)."""
-    tokens, confidence, rows = [], [], continuations
+def majority_walk(continuations: list, top: int = 1) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Depth by depth, among the continuations that agreed so far (n of them): the ``top`` commonest
+    next tokens with their counts, commonest first (ties: the smaller id), the first being the
+    walk's token; stops at the end of every continuation (a separator or the store's end).
+    Returns [(n, [(token, count), ...]) per depth]."""
+    walk, rows = [], continuations
     for d in range(max((len(c) for c in continuations), default=0)):
         column = Counter(c[d] for c in rows if d < len(c) and c[d] != SEPARATOR)
         if not column:
             break
-        count = max(column.values())
-        t = min(tok for tok, c in column.items() if c == count)  # ties: the smallest id, whatever the order
-        tokens.append(t)
-        confidence.append(count / len(rows))
-        rows = [c for c in rows if d < len(c) and c[d] == t]
-    return tokens, confidence
+        ranked = sorted(column.items(), key=lambda tc: (-tc[1], tc[0]))[:top]
+        walk.append((len(rows), ranked))
+        rows = [c for c in rows if d < len(c) and c[d] == ranked[0][0]]
+    return walk
 
 
 def sorted_starts(tokens: torch.Tensor, width: int) -> torch.Tensor:
@@ -135,4 +173,4 @@ def load_datastore(path: str | Path, target=None, **kw) -> Datastore:
     return Datastore([a.answer for a in sealed_answers(path, manifest)], **kw)
 
 
-__all__ = ["Datastore", "load_datastore", "majority_walk", "sorted_starts", "SEPARATOR"]
+__all__ = ["Datastore", "Chain", "load_datastore", "majority_walk", "sorted_starts", "SEPARATOR"]

@@ -298,10 +298,10 @@ class Drafting:
 
     def copy(self, rows: list[int], min_ngram: int, datastore: Datastore | None = None) -> tuple[list[int], set[int]]:
         """Step 1 by lookup: each row whose last ``min_ngram``+ tokens occurred before (``min_ngram``
-        0: never) gets the chain that followed them as its draft (confidence 1); a row without one
-        gets the ``datastore``'s chain, if it has one (its confidences: the shares of agreeing
-        occurrences). The drafter is not asked; no leaves. Returns the rows that still need the
-        drafter, and the rows that drafted from the datastore."""
+        0: never) gets the chain that followed them as its draft (confidence 1, no leaves); a row
+        without one gets the ``datastore``'s chain, if it has one (its estimates, and its runner-up
+        tokens as leaves). The drafter is not asked. Returns the rows that still need the drafter,
+        and the rows that drafted from the datastore."""
         rest, stored = [], set()
         for i in rows:
             chain = lookup_chain(self.committed[i], min_ngram, self.B - 1) if min_ngram else []
@@ -309,9 +309,9 @@ class Drafting:
                 self.ready[i] = Draft(chain, [1.0] * len(chain), [], [])
                 self.stats.lookup_drafts += 1
                 continue
-            chain, confidence = datastore.chain(self.committed[i], self.B - 1) if datastore is not None else ([], [])
-            if chain:
-                self.ready[i] = Draft(chain, confidence, [], [])
+            found = datastore.chain(self.committed[i], self.B - 1) if datastore is not None else None
+            if found and found.tokens:
+                self.ready[i] = Draft(found.tokens, found.confidence, found.top_ids, found.top_probs)
                 self.stats.datastore_drafts += 1
                 stored.add(i)
             else:

@@ -42,30 +42,38 @@ def oracle_chain(docs, context, max_len, min_ngram, max_ngram, min_confidence=0.
 def test_chain_equals_a_plain_scan(seed, ngrams):
     rng = random.Random(seed)
     docs = [[rng.randrange(4) for _ in range(rng.randrange(0, 30))] for _ in range(25)]
-    store = Datastore(docs, min_ngram=ngrams[0], max_ngram=ngrams[1], sample=10_000)
+    store = Datastore(docs, min_ngram=ngrams[0], max_ngram=ngrams[1], sample=10_000, prior=0.0)
     assert len(store) == sum(map(len, docs))
     for _ in range(60):
         context = [rng.randrange(5) for _ in range(rng.randrange(0, 12))]  # id 4: never in the store
         max_len = rng.randrange(1, 9)
-        assert store.chain(context, max_len) == oracle_chain(docs, context, max_len, *ngrams), (context, max_len)
+        chain = store.chain(context, max_len)
+        assert (chain.tokens, chain.confidence) == oracle_chain(docs, context, max_len, *ngrams), (context, max_len)
 
 
 def test_chain_prefers_the_longest_match_and_respects_min_confidence():
     docs = [[1, 2, 3, 7, 7], [9, 2, 3, 5, 6], [8, 2, 3, 5, 4]]
-    store = Datastore(docs, min_ngram=2, max_ngram=3)
-    assert store.chain([0, 1, 2, 3], 5) == ([7, 7], [1.0, 1.0])  # "1 2 3" occurs once: its continuation
-    tokens, confidence = store.chain([0, 4, 2, 3], 5)  # only "2 3" occurs: three continuations
+    store = Datastore(docs, min_ngram=2, max_ngram=3, prior=0.0)  # raw shares
+    lookup = lambda s, ctx: (s.chain(ctx, 5).tokens, s.chain(ctx, 5).confidence)  # noqa: E731
+    assert lookup(store, [0, 1, 2, 3]) == ([7, 7], [1.0, 1.0])  # "1 2 3" occurs once: its continuation
+    tokens, confidence = lookup(store, [0, 4, 2, 3])  # only "2 3" occurs: three continuations
     assert tokens == [5, 4] and confidence == pytest.approx([2 / 3, 1 / 2])
-    assert Datastore(docs, min_ngram=2, min_confidence=0.7).chain([4, 2, 3], 5) == ([], [])
-    assert store.chain([6, 6], 5) == ([], []) and store.chain([3], 5) == ([], [])  # no match; shorter than min_ngram
-    assert store.chain([9, 2, 3, 5, 6], 4) == ([], [])  # "5 6" and "6" end their doc: nothing follows
-    assert store.chain([0, 9, 2, 3, 5], 4) == ([4], [0.5])  # "2 3 5" twice, then 6 or 4: a tie, the smaller id
+    chain = store.chain([0, 4, 2, 3], 5)
+    assert chain.top_ids == [[5, 7], [4, 6]] and sum(chain.top_probs, []) == pytest.approx([2 / 3, 1 / 3, 1 / 2, 1 / 2])
+    assert chain.support == [(3, 2), (2, 1)]
+    smoothed = store.at(prior=1.0).chain([0, 4, 2, 3], 5)  # c / (n + 1)
+    assert smoothed.tokens == [5, 4] and smoothed.confidence == pytest.approx([2 / 4, 1 / 3])
+    assert smoothed.top_probs[0] == pytest.approx([2 / 4, 1 / 4])
+    assert lookup(Datastore(docs, min_ngram=2, min_confidence=0.7), [4, 2, 3]) == ([], [])
+    assert lookup(store, [6, 6]) == ([], []) and lookup(store, [3]) == ([], [])  # no match; shorter than min_ngram
+    assert lookup(store, [9, 2, 3, 5, 6]) == ([], [])  # "5 6" and "6" end their doc: nothing follows
+    assert lookup(store, [0, 9, 2, 3, 5]) == ([4], [0.5])  # "2 3 5" twice, then 6 or 4: a tie, the smaller id
 
 
 def test_sampling_keeps_at_most_sample_occurrences():
     docs = [[1, 2, 3]] * 300 + [[1, 2, 4]] * 100
-    tokens, confidence = Datastore(docs, min_ngram=2, sample=40).chain([1, 2], 3)
-    assert tokens == [3] and 0.6 <= confidence[0] <= 0.9  # an evenly spaced sample of the 400
+    chain = Datastore(docs, min_ngram=2, sample=40).chain([1, 2], 3)
+    assert chain.tokens == [3] and chain.support[0][0] == 40 and 0.6 <= chain.confidence[0] <= 0.9  # evenly spaced
 
 
 def test_sorted_starts_orders_positions_by_their_next_tokens():
@@ -74,7 +82,7 @@ def test_sorted_starts_orders_positions_by_their_next_tokens():
     order = sorted_starts(torch.tensor(toks, dtype=torch.int32), 4).tolist()
     keys = [toks[p:p + 4] for p in order]
     assert sorted(order) == list(range(200)) and keys == sorted(keys)
-    assert majority_walk([[5, 1], [5, 2], [6]]) == ([5, 1], [2 / 3, 1 / 2])
+    assert majority_walk([[5, 1], [5, 2], [6]], top=2) == [(3, [(5, 2), (6, 1)]), (2, [(1, 1), (2, 1)])]
 
 
 def test_bad_arguments_are_named():
@@ -82,6 +90,8 @@ def test_bad_arguments_are_named():
         Datastore([[1]], min_ngram=4, max_ngram=3)
     with pytest.raises(ValueError, match="min_confidence=1.5"):
         Datastore([[1]], min_confidence=1.5)
+    with pytest.raises(ValueError, match="prior=-1"):
+        Datastore([[1]]).at(prior=-1)
     with pytest.raises(ValueError, match="token ids must be >= 0"):
         Datastore([[1, -3]])
 

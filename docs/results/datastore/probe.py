@@ -25,7 +25,7 @@ STORE = Path(sys.argv[1] if len(sys.argv) > 1 else "data/qwen2.5-coder-answers")
 KS, DEPTH, SAMPLE = (8, 6, 4, 3), 15, 256
 chunks = read_manifest(STORE)["chunks"]
 index_rows = [a for c in chunks[:7] for a in read_chunk(STORE / c["file"])]
-probe_rows = [a for c in chunks[7:] for a in read_chunk(STORE / c["file"])]
+probe_rows = [a for c in chunks[7:9] for a in read_chunk(STORE / c["file"])]  # as first run, before chunk 9
 
 t0 = time.perf_counter()
 toks = np.concatenate([np.array(a.answer + [-1], dtype=np.int64) for a in index_rows])
