@@ -76,15 +76,13 @@ class Datastore:
                  prior: float = 1.0, min_confidence: float = 0.0, top: int = 3):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"Datastore: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if sample < 1 or top < 1 or prior < 0:
-            raise ValueError(f"Datastore: sample={sample} and top={top} must be >= 1, prior={prior} >= 0")
-        if not 0 <= min_confidence <= 1:
-            raise ValueError(f"Datastore: min_confidence={min_confidence} must be in [0, 1]")
-        self.min_ngram, self.max_ngram, self.sample, self.top = min_ngram, max_ngram, sample, top
-        self.prior, self.min_confidence = prior, min_confidence
-        flat = [t for d in docs for t in (*d, SEPARATOR)]
+        if sample < 1 or top < 1:
+            raise ValueError(f"Datastore: sample={sample} and top={top} must be >= 1")
         if any(t < 0 for d in docs for t in d):
             raise ValueError("Datastore: token ids must be >= 0")
+        self.min_ngram, self.max_ngram, self.sample, self.top = min_ngram, max_ngram, sample, top
+        self.min_confidence, self.prior = check_estimates(min_confidence, prior)
+        flat = [t for d in docs for t in (*d, SEPARATOR)]
         self.tokens = array("i", flat)
         self.order = array("i", sorted_starts(torch.tensor(flat, dtype=torch.int32), max_ngram).tolist())
         self.num_docs = len(docs)
@@ -92,14 +90,8 @@ class Datastore:
     def at(self, min_confidence: float | None = None, prior: float | None = None) -> "Datastore":
         """The same index with another ``min_confidence`` / ``prior`` (the arrays are shared, not copied)."""
         other = copy.copy(self)
-        if min_confidence is not None:
-            if not 0 <= min_confidence <= 1:
-                raise ValueError(f"Datastore: min_confidence={min_confidence} must be in [0, 1]")
-            other.min_confidence = min_confidence
-        if prior is not None:
-            if prior < 0:
-                raise ValueError(f"Datastore: prior={prior} must be >= 0")
-            other.prior = prior
+        other.min_confidence, other.prior = check_estimates(
+            self.min_confidence if min_confidence is None else min_confidence, self.prior if prior is None else prior)
         return other
 
     def __len__(self) -> int:
@@ -136,6 +128,14 @@ class Datastore:
             chain.top_probs.append([c / (n + self.prior) for _, c in column])
             chain.support.append((n, column[0][1]))
         return chain
+
+
+def check_estimates(min_confidence: float, prior: float) -> tuple[float, float]:
+    if not 0 <= min_confidence <= 1:
+        raise ValueError(f"Datastore: min_confidence={min_confidence} must be in [0, 1]")
+    if prior < 0:
+        raise ValueError(f"Datastore: prior={prior} must be >= 0")
+    return min_confidence, prior
 
 
 def majority_walk(continuations: list, top: int = 1) -> list[tuple[int, list[tuple[int, int]]]]:

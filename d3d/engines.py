@@ -225,6 +225,7 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, **given) -> dict:
                          "not 'packed' (its joint pass attends all rows at once)")
     return s
 
+
 MODES = ("ar", "sync", "async", "dflash")
 
 __all__ = ["generate", "generate_ar", "generate_speculative", "generate_dflash", "GenerationOutput",

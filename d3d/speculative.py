@@ -260,10 +260,9 @@ class Drafting:
         ``lookup``, copies one from its context, or with ``datastore`` looks one up there; else the
         drafter drafts it in one pass for all such rows, or, where ``gate`` chooses a step, it gets
         an empty draft."""
-        need, stored = [i for i in rows if self.ready[i] is None], set()
+        need = [i for i in rows if self.ready[i] is None]
         copied = set(need)
-        if lookup or datastore is not None:
-            need, stored = self.copy(need, lookup, datastore)
+        need, stored = self.copy(need, lookup, datastore)
         copied.difference_update(need)
         kind, seconds = (gate.choose() if gate and need else DRAFT), 0.0
         if need and kind == STEP:  # an empty draft: the verification is one target step
@@ -310,7 +309,7 @@ class Drafting:
                 self.stats.lookup_drafts += 1
                 continue
             found = datastore.chain(self.committed[i], self.B - 1) if datastore is not None else None
-            if found and found.tokens:
+            if found is not None and found.tokens:
                 self.ready[i] = Draft(found.tokens, found.confidence, found.top_ids, found.top_probs)
                 self.stats.datastore_drafts += 1
                 stored.add(i)

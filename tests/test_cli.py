@@ -88,7 +88,6 @@ def test_generate_with_a_datastore(capsys, tmp_path):
     torch.save([[("code", prompt, prompt + answer)]], store.pending_path)
     store.seal(None, "float32")
     args = ["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "24", "--mode", "sync", "--lookup", "0"]
-    code, out, _ = run_cli(args + ["--json"], capsys)
     ar = json.loads(run_cli(["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "24", "--mode", "ar",
                              "--json"], capsys)[1])["token_ids"]
     code, out, _ = run_cli(args + ["--json", "--datastore", str(tmp_path / "store")], capsys)
