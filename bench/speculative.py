@@ -11,7 +11,8 @@ async:none / async:thread / async:stream / async:packed (how the hypotheses pass
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their
 estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
 fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
-with probability >= P (``verify_min_prob``; the JSON's verified_drafts_per_round); +exact verifies
+with probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.row_price``; the JSON's
+verified_drafts_per_round); +exact verifies
 with row-invariant attention (bf16 output equal to ar bit for bit); +leavesL verifies also the L
 likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, leaves_per_round);
 +lookupN copies the draft from the context after an N-token match (``lookup``; the JSON's lookup_rate);
@@ -19,7 +20,7 @@ likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, le
 JSON's step_rate, and tau_speculating, τ over the rounds that verified drafts); +storeN drafts from
 the target's own earlier answers (``--datastore``, ``d3d.datastore``) where N% of the occurrences agree
 on the first draft (+store: any share; the JSON's datastore_rate).
-Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``, ``sync+store50``.
+Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~auto``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``, ``sync+store50``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -52,7 +53,7 @@ from .common import check_chat_sets, compare_table, load_json, machine, markdown
 
 
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
-                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+))?(?P<flags>(\+\w+)*)$")
+                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+|auto))?(?P<flags>(\+\w+)*)$")
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
@@ -75,7 +76,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
     if m["f"]:
         kw["fanout"] = int(m["f"])
     if m["likely"]:
-        kw["verify_min_prob"] = float(m["likely"])
+        kw["verify_min_prob"] = m["likely"] if m["likely"] == "auto" else float(m["likely"])
     kw.update(mode_flags(mode, m["flags"]))
     if "datastore_min_confidence" in kw:
         if args.datastore is None:

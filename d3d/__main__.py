@@ -47,6 +47,19 @@ def positive_int(s: str) -> int:
     return v
 
 
+def min_prob(s: str) -> float | str:
+    """``--verify-min-prob``: a probability, or auto."""
+    if s == "auto":
+        return s
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1] or auto, got {s}") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1] or auto, got {s}")
+    return v
+
+
 class Explainer:
     """``--explain``: one block per round — draft, accepted prefix, bonus, timing overlap."""
 
@@ -75,7 +88,8 @@ class Explainer:
         leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""
         lines = [f"round {info.round}: accepted {a}/{len(info.draft)}{leaf} + bonus ({source})",
                  f"  {accepted}{rejected}  bonus {bonus}",
-                 f"  verify   {v0 * 1000:8.1f} .. {v1 * 1000:8.1f} ms"]
+                 f"  verify   {v0 * 1000:8.1f} .. {v1 * 1000:8.1f} ms"
+                 + (f"  (drafts cut where their joint estimate < {info.min_prob:.2f})" if info.min_prob else "")]
         if info.hypotheses:
             def name(h):
                 bonus = "guess" if h.bonus is None else repr(piece([h.bonus]))
@@ -404,11 +418,12 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--successor-threshold", type=float, default=None,
                    help="async: draft hypotheses only when the drafter's estimate of their total probability "
                         "(that one of them hits) is at least this (0 = always; default: the device's choice)")
-    g.add_argument("--verify-min-prob", type=float, default=None, metavar="P",
+    g.add_argument("--verify-min-prob", type=min_prob, default=None, metavar="P",
                    help="sync/async: verify only the leading drafts the drafter believes in jointly with "
                         "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
-                        "pays where each costs real time (a CPU) and the drafter is weak (default: the device's "
-                        "measured choice, 0.05 on a CPU, 0 on CUDA; d3d/overlap.py)")
+                        "pays where each costs real time (a CPU) and the drafter is weak. 'auto': measure P as it "
+                        "runs, tokens per second times the seconds one more verified row costs (d3d/row_price.py). "
+                        "Default: the device's measured choice, 0.05 on a CPU, 0 on CUDA (d3d/overlap.py)")
     g.add_argument("--leaves", type=int, default=None, metavar="L",
                    help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
                         "row each: a round whose bonus is one of them commits one more token (lossless; not with "

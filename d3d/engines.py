@@ -117,7 +117,7 @@ def generate(
     exact: bool = False,
     hypotheses: int | None = None,
     fanout: int | None = None,
-    verify_min_prob: float | None = None,
+    verify_min_prob: float | str | None = None,
     leaves: int | None = None,
     lookup: int | None = None,
     gate: bool | None = None,
@@ -138,8 +138,9 @@ def generate(
     exact: speculative modes on CPU verify with row-invariant attention: greedy output then equals
         ``ar`` token for token in bf16 too, at about +30-50% verification cost (``generate_speculative``).
     verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
-        at least this probability (0: all; ``generate_speculative``); None = the device's measured
-        default (``d3d.overlap.default_verify_min_prob``: 0.05 on a CPU, 0 on CUDA).
+        at least this probability (0: all; ``generate_speculative``), or ``"auto"``: tokens per second
+        times the seconds a verified row adds, measured as it runs (``d3d.row_price``); None = the
+        device's measured default (``d3d.overlap.default_verify_min_prob``: 0.05 on a CPU, 0 on CUDA).
     leaves: sync/async also verify the L likeliest bonuses the drafter proposed, one target row each
         (``d3d.speculative``): a round whose bonus is one of them commits one more token. None = the
         device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async), or 0 with
@@ -211,8 +212,9 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, **given) -> dict:
         raise ValueError(f"gate={s['gate']!r}: must be True or False")
     if s["gate"] and mode != "sync":
         raise ValueError(f"gate=True with mode={mode!r}: the gate chooses between drafting and plain steps in sync only")
-    if not (isinstance(s["verify_min_prob"], (int, float)) and 0 <= s["verify_min_prob"] <= 1):
-        raise ValueError(f"verify_min_prob={s['verify_min_prob']!r}: must be a probability in [0, 1]")
+    p = s["verify_min_prob"]
+    if p != "auto" and not (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1):
+        raise ValueError(f"verify_min_prob={p!r}: must be a probability in [0, 1] or 'auto' (measured as it runs)")
     for name, least in (("hypotheses", 1), ("fanout", 1), ("leaves", 0), ("lookup", 0)):
         value = s[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < least:

@@ -49,9 +49,10 @@ from .gate import DRAFT, STEP, Gate
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from .kernels.accept import accept
-from .lookup import lookup_chain
+from .lookup import lookup_copy
 from .model import Transformer
 from .overlap import Verification, closing, make_overlap
+from .row_price import RowPrice
 
 if TYPE_CHECKING:
     from .drafter import Drafter, Drafts
@@ -82,6 +83,7 @@ class RoundInfo:
     copied: bool = False  # lookup: this round's draft was copied from the context (d3d.lookup) or the datastore
     stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.datastore)
     step: bool = False  # gate: a plain target step (no drafts), where drafting did not pay (d3d.gate)
+    min_prob: float = 0.0  # the verify_min_prob this round's drafts were cut at (measured with "auto")
 
 
 @dataclass
@@ -297,15 +299,16 @@ class Drafting:
 
     def copy(self, rows: list[int], min_ngram: int, datastore: Datastore | None = None) -> tuple[list[int], set[int]]:
         """Step 1 by lookup: each row whose last ``min_ngram``+ tokens occurred before (``min_ngram``
-        0: never) gets the chain that followed them as its draft (confidence 1, no leaves); a row
+        0: never) gets the chain that followed them as its draft (``d3d.lookup``'s estimates as its
+        confidences, no leaves); a row
         without one gets the ``datastore``'s chain, if it has one (its estimates, and its runner-up
         tokens as leaves). The drafter is not asked. Returns the rows that still need the drafter,
         and the rows that drafted from the datastore."""
         rest, stored = [], set()
         for i in rows:
-            chain = lookup_chain(self.committed[i], min_ngram, self.B - 1) if min_ngram else []
-            if chain:
-                self.ready[i] = Draft(chain, [1.0] * len(chain), [], [])
+            found = lookup_copy(self.committed[i], min_ngram, self.B - 1) if min_ngram else None
+            if found is not None:
+                self.ready[i] = Draft(found.tokens, found.confidence, [], [])
                 self.stats.lookup_drafts += 1
                 continue
             found = datastore.chain(self.committed[i], self.B - 1) if datastore is not None else None
@@ -373,7 +376,7 @@ def generate_speculative(
     exact: bool = False,
     hypotheses: int = 1,
     fanout: int = 1,
-    verify_min_prob: float = 0.0,
+    verify_min_prob: float | str = 0.0,
     leaves: int = 0,
     lookup: int = 0,
     gate: bool = False,
@@ -393,7 +396,9 @@ def generate_speculative(
     ``verify_min_prob``: verify only the leading drafts the drafter believes in jointly with at
     least this probability (the longest such run over the batch's rows; ``Draft.likely_length``):
     where a verified row costs real time (a CPU without AMX) a weak drafter's long tail of
-    unlikely drafts is not worth its rows. 0 verifies every draft. Lossless either way.
+    unlikely drafts is not worth its rows. 0 verifies every draft; ``"auto"`` measures the threshold as
+    it runs: tokens per second times the seconds a verified row adds (``d3d.row_price``). Lossless
+    either way.
     ``leaves``: verify also the L likeliest bonuses the drafter proposed (module docstring); lossless,
     but not with ``exact`` (a leaf attends through a mask, not as a one-token step would).
     ``lookup``: n >= 1 drafts by copying from the context where its last n tokens occurred before
@@ -412,6 +417,7 @@ def generate_speculative(
     if gate and use_hyps:
         raise ValueError("gate=True is for mode='sync': async drafts beside verification, where a step saves no drafting")
     chooser = Gate() if gate else None
+    price = RowPrice() if verify_min_prob == "auto" else None
     stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
                             hits_by_accept=[0] * B)
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
@@ -429,8 +435,10 @@ def generate_speculative(
         rnd = 0
         while rows := out.active():
             # 1 draft (rows whose last round's hypotheses missed or had none), then how many to verify
+            start = clock.now()
             r = side.prepare(rows, lookup, chooser, clock, datastore)
-            n_verify = verify_width([r.drafts[i] for i in rows], verify_min_prob)
+            min_prob = price.min_prob() if price else verify_min_prob
+            n_verify = verify_width([r.drafts[i] for i in rows], min_prob)
             leaf_rows = [side.leaves(r.drafts[i], n_verify) for i in rows]
             drafts = {i: r.drafts[i].truncated(n_verify) for i in rows}
             stats.verified_drafts += len(rows) * n_verify
@@ -449,12 +457,13 @@ def generate_speculative(
             stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
 
             # 4 commit, and keep the successor that matches the outcome
-            per_row = iter(successors)
+            per_row, gained = iter(successors), 0
             for j, i in enumerate(rows):
                 o, d = outcomes[j], drafts[i]
                 mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
                 hit = side.settle(i, o, hyps[i], mine)
                 new = seqs.commit(i, o, n_verify)
+                gained += len(new)
                 if on_round:
                     drafted = i in r.need
                     on_round(RoundInfo(
@@ -462,7 +471,11 @@ def generate_speculative(
                         successor_used=not drafted and i not in r.copied, fallback=bool(mine) and hit is None,
                         sync_draft_seconds=r.seconds if drafted else 0.0, verify_span=v_span,
                         draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps[i], hit=hit,
-                        leaf=o.leaf, copied=i in r.copied, stored=i in r.stored, step=r.kind == STEP and drafted))
+                        leaf=o.leaf, copied=i in r.copied, stored=i in r.stored, step=r.kind == STEP and drafted,
+                        min_prob=min_prob))
+            if price:
+                price.observe(len(rows) * (n_verify + 1) + sum(map(len, leaf_rows)), v_span[1] - v_span[0], gained,
+                              clock.now() - start)
             rnd += 1
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 

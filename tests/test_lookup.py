@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from d3d.lookup import lookup_chain
+from d3d.lookup import LONG, LONG_MATCH, SHORT_MATCH, copy_confidence, lookup_chain, lookup_copy
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
 
 
@@ -20,6 +22,21 @@ def test_lookup_chain_copies_after_the_longest_most_recent_match():
     assert lookup_chain([5], 1, 3) == [] and lookup_chain([], 1, 3) == []
     with pytest.raises(ValueError, match="min_ngram and max_len must be >= 1"):
         lookup_chain([1, 2], 0, 3)
+
+
+def test_a_copy_knows_how_long_its_match_is_and_estimates_by_it():
+    """The match is measured back past max_ngram (up to LONG): a restatement of 16+ tokens is
+    trusted at every position, a short match less, and more the longer the copy holds."""
+    line = list(range(10, 30))  # 20 tokens, then their first 5 again: a match of 5 (the text starts there)
+    found = lookup_copy(line + [1] + line[:5], 3, 6)
+    assert found.tokens == line[5:11] and found.match == 5
+    long = lookup_copy([7] + line + [1] + [7] + line[:17], 3, 4)  # a match of 18 tokens, counted to LONG
+    assert long.tokens == line[17:] + [1] and long.match == LONG
+    assert long.confidence == [LONG_MATCH] * 4
+    assert found.confidence == list(SHORT_MATCH[:6])
+    assert copy_confidence(3, 17)[-2:] == [SHORT_MATCH[-1]] * 2  # past the table: its last value
+    assert all(a <= b for a, b in zip(SHORT_MATCH[:8], SHORT_MATCH[1:9]))  # survival raises the odds
+    assert lookup_copy([1, 2, 3], 2, 4) is None
 
 
 REPEATING = [[3, 7, 1, 3, 7], [5, 5, 5], [2, 9, 11, 4, 8, 1, 1, 6], [10, 12]]
@@ -63,6 +80,10 @@ def test_copied_rounds_are_reported():
                    on_round=rounds.append)
     copied = [r for r in rounds if r.copied]
     assert len(copied) == out.stats.lookup_drafts > 0
+    # their confidence is the estimate's (d3d.lookup), not certainty
+    drafted = [r for r in copied if r.draft]
+    assert drafted and all(any(math.isclose(r.confidence, math.prod(copy_confidence(m, len(r.draft))))
+                               for m in (3, LONG)) for r in drafted)
     assert not any(r.successor_used or r.sync_draft_seconds for r in copied)
 
 

@@ -1,0 +1,86 @@
+"""How many drafts to verify: a row is worth verifying while its chance of acceptance beats its price.
+
+Verifying one more draft adds a row to the target's pass. Where rows cost time (a CPU without AMX),
+it is worth it iff the tokens it is expected to add, per second it costs, beat the rate the engine
+already commits tokens at:
+
+    P(the k-th draft is accepted)  >=  R * b,
+
+R the committed tokens per second (drafting and verification included), b the seconds one more
+verified row adds to a pass. ``generate_speculative`` cuts each draft where the joint probability
+its drafts carry (``Draft.likely_length``: the drafter's confidences; ``d3d.lookup``'s estimates for
+copied chains) falls below that threshold, ``verify_min_prob``. A fixed one (0.05 on a CPU) was chosen
+on one machine; ``RowPrice`` measures both factors as the generation runs instead, so the cut follows
+the machine, the dtype and the text:
+
+    AMD EPYC Zen 5, avx512_bf16, bf16 (docs/results/qwen-drafter/run3): a 16-row pass 77 ms, a 3-row
+    one 49 ms: b ~ 2 ms; sync at ~24 tok/s: R * b ~ 0.05 — the fixed value validation had picked
+    (0.05 1.38x, 0.1 1.35x, 0.2 1.22x of ar).
+    AMD EPYC, AVX2 only, fp32 (bench passes: 1 row 129 ms, 16 rows 278 ms): b ~ 9.3 ms; sync on
+    HumanEval at ~19 tok/s: R * b ~ 0.18, and copied chains, cut at 0.05 by nobody, were verified
+    15 long: offline (docs/results/copy-length/probe.txt) cutting them at 0.2 gave the copied rounds
+    22.3 tok/s instead of 18.5.
+    AMX, or a GPU: b ~ 0, every draft verified.
+
+b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
+rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio
+of exponentially weighted tokens and seconds. Until ``warmup`` rounds are in, and whenever the widths
+seen so far hardly differ (the slope would be noise), the ``prior`` threshold holds. The rounds then
+depend on timing, the tokens do not (every cut is lossless).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class RowPrice:
+    """Running estimates of R (tokens per second) and b (seconds per verified row), and the
+    threshold R * b (``min_prob``). ``decay``: the weight of a new round in each average."""
+
+    def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 0.5):
+        if not 0 <= prior <= 1:
+            raise ValueError(f"prior={prior!r}: must be a probability in [0, 1]")
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay={decay!r}: must be in (0, 1]")
+        if not 0 < ceiling <= 1:
+            raise ValueError(f"ceiling={ceiling!r}: must be in (0, 1]")
+        self.prior, self.decay, self.warmup, self.ceiling = prior, decay, warmup, ceiling
+        self.rounds = 0
+        self.m = [0.0] * 5  # weighted means of 1, w, w^2, s, w*s (verification rows w, seconds s)
+        self.tokens = self.seconds = 0.0
+
+    def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float) -> None:
+        """One round: a verification of ``rows`` target rows took ``verify_seconds``; the whole round
+        (drafting included) committed ``tokens`` in ``round_seconds``."""
+        if rows < 1 or verify_seconds < 0 or tokens < 0 or round_seconds < 0:
+            raise ValueError(f"observe(rows={rows}, verify_seconds={verify_seconds}, tokens={tokens}, "
+                             f"round_seconds={round_seconds}): rows >= 1 and times and tokens >= 0")
+        d = 1.0 if self.rounds == 0 else self.decay
+        for j, x in enumerate((1.0, rows, rows * rows, verify_seconds, rows * verify_seconds)):
+            self.m[j] += d * (x - self.m[j])
+        self.tokens += d * (tokens - self.tokens)
+        self.seconds += d * (round_seconds - self.seconds)
+        self.rounds += 1
+
+    def seconds_per_row(self) -> float | None:
+        """b, the slope of seconds on rows (>= 0); None while the widths seen hardly differ."""
+        one, w, ww, s, ws = self.m
+        var = ww / one - (w / one) ** 2
+        if var < 1.0:  # widths within about a row of each other: no slope to see
+            return None
+        return max(0.0, (ws / one - w * s / one ** 2) / var)
+
+    def rate(self) -> float:
+        """R, committed tokens per second of rounds."""
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def min_prob(self) -> float:
+        """The threshold R * b (at most ``ceiling``), or ``prior`` before it can be measured."""
+        b = self.seconds_per_row() if self.rounds >= self.warmup else None
+        if b is None or not math.isfinite(b):
+            return self.prior
+        return min(self.ceiling, self.rate() * b)
+
+
+__all__ = ["RowPrice"]

@@ -1,0 +1,102 @@
+"""The row price (``d3d.row_price``): verify a draft while its chance beats R * b, measured as it runs.
+
+The threshold depends on timing, so the engine tests fix it with a scripted price; the estimate
+itself is tested on given rows, seconds and tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+import d3d.speculative as speculative
+from d3d.row_price import RowPrice
+from test_engines import PROMPTS, generate, random_drafter, reference, tiny_target
+
+
+def feed(price, widths, step=0.1, per_row=0.01, rate=20.0):
+    """Rounds whose verification costs ``step + per_row * rows`` and whose round commits ``rate``
+    tokens per second."""
+    for w in widths:
+        seconds = step + per_row * w
+        price.observe(w, seconds, 4, 4 / rate)
+
+
+def test_threshold_is_rate_times_seconds_per_row():
+    p = RowPrice(prior=0.05, warmup=8)
+    feed(p, [16, 3, 5, 16, 2, 4, 16, 3][:7])
+    assert p.min_prob() == 0.05  # 7 rounds: still the prior
+    feed(p, [3])
+    assert p.seconds_per_row() == pytest.approx(0.01) and p.rate() == pytest.approx(20.0)
+    assert p.min_prob() == pytest.approx(0.2)  # 20 tok/s x 10 ms a row
+    feed(p, [16, 3, 5, 16] * 20, per_row=0.0)  # rows became free (bf16 on AMX): verify everything
+    assert p.min_prob() < 0.01
+
+
+def test_equal_widths_keep_the_prior_and_the_ceiling_holds():
+    p = RowPrice(prior=0.07)
+    feed(p, [5] * 30)
+    assert p.seconds_per_row() is None and p.min_prob() == 0.07  # no spread of widths: no slope
+    q = RowPrice(ceiling=0.4)
+    feed(q, [2, 16] * 10, per_row=1.0)  # rows dearer than whole rounds: capped
+    assert q.min_prob() == 0.4
+    r = RowPrice()
+    for w in [2, 16] * 10:  # wider passes measured *faster* (noise): the slope is 0, not negative
+        r.observe(w, 0.3 - 0.01 * w, 4, 0.2)
+    assert r.seconds_per_row() == 0.0 and r.min_prob() == 0.0
+
+
+def test_bad_arguments_are_named():
+    for kw, what in ((dict(prior=1.5), "prior=1.5"), (dict(decay=0), "decay=0"), (dict(ceiling=0), "ceiling=0")):
+        with pytest.raises(ValueError, match=what):
+            RowPrice(**kw)
+    with pytest.raises(ValueError, match="rows=0"):
+        RowPrice().observe(0, 0.1, 1, 0.1)
+
+
+class Scripted(RowPrice):
+    """A price whose thresholds are given (cycled), recording what it observed."""
+
+    script = [0.0]
+    seen: list = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.k = 0
+
+    def min_prob(self):
+        self.k += 1
+        return self.script[(self.k - 1) % len(self.script)]
+
+    def observe(self, rows, verify_seconds, tokens, round_seconds):
+        Scripted.seen.append((rows, tokens))
+        super().observe(rows, verify_seconds, tokens, round_seconds)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_auto_cuts_each_round_at_the_measured_threshold_and_keeps_greedy_output(mode, monkeypatch):
+    """verify_min_prob="auto": each round's drafts are cut at the price's threshold of that round
+    (scripted here: all, none, a cut), every round is observed, and the output equals ar."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    monkeypatch.setattr(speculative, "RowPrice", Scripted)
+    monkeypatch.setattr(Scripted, "script", [0.0, 1.0, 0.3])
+    Scripted.seen = []
+    rounds = []
+    out = generate(target, PROMPTS[:1], max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, leaves=0,
+                   verify_min_prob="auto", on_round=rounds.append)
+    assert out.tokens == reference(target, PROMPTS[:1], 30)
+    assert [r.min_prob for r in rounds] == [[0.0, 1.0, 0.3][k % 3] for k in range(len(rounds))]
+    assert all(len(r.draft) == (4 if r.min_prob == 0 else 0) for r in rounds if r.min_prob != 0.3)
+    assert [rows for rows, _ in Scripted.seen] == [1 + len(r.draft) for r in rounds]
+    assert sum(tokens for _, tokens in Scripted.seen) == out.stats.total_generated - 1  # the prefill's token aside
+
+
+def test_auto_measures_and_refuses_nonsense():
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    rounds = []
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode="sync", drafter=drafter,
+                   verify_min_prob="auto", on_round=rounds.append)
+    assert out.tokens == reference(target, PROMPTS, 30)
+    assert all(0 <= r.min_prob <= 0.5 for r in rounds) and rounds[0].min_prob == 0.05  # the prior first
+    with pytest.raises(ValueError, match="verify_min_prob='sometimes'"):
+        generate(target, PROMPTS, max_new_tokens=3, mode="sync", drafter=drafter, verify_min_prob="sometimes")
