@@ -423,7 +423,7 @@ def add_generate_parser(sub) -> None:
                         "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
                         "pays where each costs real time (a CPU) and the drafter is weak. 'auto': measure P as it "
                         "runs, tokens per second times the seconds one more verified row costs (d3d/row_price.py). "
-                        "Default: the device's measured choice, 0.05 on a CPU, 0 on CUDA (d3d/overlap.py)")
+                        "Default: the device's measured choice, auto on a CPU, 0 on CUDA (d3d/overlap.py)")
     g.add_argument("--leaves", type=int, default=None, metavar="L",
                    help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
                         "row each: a round whose bonus is one of them commits one more token (lossless; not with "

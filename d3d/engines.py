@@ -140,7 +140,7 @@ def generate(
     verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
         at least this probability (0: all; ``generate_speculative``), or ``"auto"``: tokens per second
         times the seconds a verified row adds, measured as it runs (``d3d.row_price``); None = the
-        device's measured default (``d3d.overlap.default_verify_min_prob``: 0.05 on a CPU, 0 on CUDA).
+        device's measured default (``d3d.overlap.default_verify_min_prob``: "auto" on a CPU, 0 on CUDA).
     leaves: sync/async also verify the L likeliest bonuses the drafter proposed, one target row each
         (``d3d.speculative``): a round whose bonus is one of them commits one more token. None = the
         device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async), or 0 with

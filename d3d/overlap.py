@@ -221,20 +221,23 @@ def async_defaults(device: torch.device) -> AsyncSettings:
     return AsyncSettings("none", 1, 1, 0.5)
 
 
-def default_verify_min_prob(device: torch.device) -> float:
-    """``verify_min_prob`` of a device: verify only the leading drafts the drafter believes in
-    jointly with at least this probability (``generate_speculative``), chosen on validation prompts.
+def default_verify_min_prob(device: torch.device) -> float | str:
+    """``verify_min_prob`` of a device: verify only the leading drafts whose joint estimate is at least
+    this probability (``generate_speculative``), chosen on validation requests.
 
-    CPU 0.05. Qwen2.5-Coder-0.5B with its 2-layer drafter, bf16, 8 validation chat requests x 128
-    tokens, one run (docs/results/qwen-drafter/run3/validation_verify.json; AMD EPYC Zen 5, 2
-    cores, no AMX), speed over bf16 ar: P = 0 (all 15 drafts) 0.94x, 0.02 1.36x, **0.05 1.38x**,
-    0.1 1.35x, 0.2 1.22x, with τ 1.66 / 1.68 / 1.67 / 1.63 / 1.58 — 2.3 drafts verified per round
-    at 0.05 instead of 15: the 16-row pass (head included) cost 77 ms a round, the short one 49 ms,
-    one ar step 52 ms. Drafts past a joint probability of 0.05 are rarely accepted, so where rows
-    are nearly free (AMX) the cut costs little τ. The bundled pair (8 validation code prompts, one
-    run, docs/results/verify-min-prob/bundled_validation.json): sync 1.78x -> 2.00x, τ 4.45 -> 4.35.
+    CPU "auto": the threshold is measured as the generation runs, tokens per second times the seconds
+    one more verified row adds (``d3d.row_price``). Qwen2.5-Coder-0.5B with the shipped drafter (2
+    leaves, lookup 3), fp32 on a 2-core AVX2-only AMD EPYC, 8 validation chat requests x 128 tokens per
+    set, two runs (docs/results/copy-length/validation*_*.json), speed over ar, fixed 0.05 -> auto: code
+    1.71x -> 1.69x and 1.74x -> 1.74x, explanations 1.11x -> 1.16x and 1.16x -> 1.26x (fixed 0.2 in the
+    first run: 1.70x, 1.18x). It measured ~8-9 ms a row there and thresholds of ~0.05-0.27 (prose, slow
+    rounds: low; copied code, fast rounds: high), and verified 3.2 / 2.5 drafts a round instead of 4.6 /
+    3.1. The fixed 0.05 it replaces was chosen in bf16 on an avx512_bf16 Zen 5 (docs/results/qwen-drafter/
+    run3/validation_verify.json: P = 0 0.94x, 0.02 1.36x, **0.05 1.38x**, 0.1 1.35x, 0.2 1.22x of ar),
+    where a 16-row pass cost 77 ms and a 3-row one 49 ms (b ~ 2 ms) at ~24 tok/s: R * b ~ 0.05, the
+    value that won there. The auto threshold starts at that 0.05 (``RowPrice.prior``).
     CUDA: 0 (a 16-token verification costs about what one token does; unmeasured)."""
-    return 0.0 if device.type == "cuda" else 0.05
+    return 0.0 if device.type == "cuda" else "auto"
 
 
 def default_leaves(device: torch.device, mode: str) -> int:

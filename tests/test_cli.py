@@ -63,6 +63,12 @@ def test_generate_leaves_and_lookup_explained_and_checked(capsys):
     code, out, _ = run_cli(["generate", "--prompt", "import os\nimport sys\nimport os", "--max-new-tokens", "48",
                             "--explain", "--mode", "sync", "--lookup", "1"], capsys)
     assert code == 0 and "(copied from the context)" in out
+    code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--explain",
+                            "--mode", "sync", "--verify-min-prob", "auto"], capsys)
+    assert code == 0 and "(drafts cut where their joint estimate < 0.05)" in out  # the prior, before measuring
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--prompt", "x", "--mode", "sync", "--verify-min-prob", "sometimes"])
+    assert e.value.code == 2 and "expected a probability in [0, 1] or auto, got sometimes" in capsys.readouterr().err
     for bad, what in ((["--leaves", "-1"], "leaves=-1"), (["--leaves", "2", "--exact"], "exact=True with leaves=2"),
                       (["--lookup", "-2"], "lookup=-2")):
         code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "sync", "--max-new-tokens", "4", *bad], capsys)

@@ -12,7 +12,8 @@ import d3d.speculative as speculative
 from d3d.cache import KVCache
 from d3d.config import ModelConfig
 from d3d.drafter import Block, Drafter, DrafterConfig, Drafts, drafter_model_config
-from d3d.engines import generate as _generate
+from d3d.engines import d3d_settings, generate as _generate
+from d3d.engines import generate as library_generate
 from d3d.model import Transformer
 
 V = 48
@@ -22,10 +23,13 @@ def generate(*args, **kw):
     """These tests exercise the full D3D async path: a successor every round unless a test says
     otherwise (the library's CPU default skips unlikely successors, tested separately), and every
     draft from the drafter (copied drafts, sync's default, are tested in test_lookup.py), and every
-    sync round a drafting round (the gate's plain steps, sync's CPU default: test_gate.py)."""
+    sync round a drafting round (the gate's plain steps, sync's CPU default: test_gate.py), and
+    drafts cut at a fixed joint probability of 0.05 (the CPU default "auto" measures it as it runs,
+    so its rounds depend on timing: test_row_price.py)."""
     if kw.get("mode", "ar") != "ar":
         kw.setdefault("successor_threshold", 0.0)
         kw.setdefault("lookup", 0)
+        kw.setdefault("verify_min_prob", 0.05)
         if kw.get("mode") == "sync":
             kw.setdefault("gate", False)  # its rounds depend on timing (tested in test_gate.py)
     return _generate(*args, **kw)
@@ -158,7 +162,7 @@ def test_greedy_equals_ar(mode, kind, block_size):
 def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     """verify_min_prob: the target verifies only the drafts the drafter believes in (the longest
     such run over the batch) — fewer verified rows, the same output; 1.0 verifies none (AR steps);
-    the CPU default is 0.05 (``default_verify_min_prob``)."""
+    the CPU default measures the threshold as it runs ("auto", ``default_verify_min_prob``)."""
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
     full = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, verify_min_prob=0)
@@ -169,9 +173,10 @@ def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     assert full.stats.verified_drafts == 4 * full.stats.rounds and per_round < 4
     if min_prob == 1.0:
         assert out.stats.verified_drafts == 0 and out.stats.tau == 1.0
-    default = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter)
-    assert default.stats.verified_drafts == generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode,
-                                                     drafter=drafter, verify_min_prob=0.05).stats.verified_drafts
+    default = library_generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
+                               lookup=0, on_round=(seen := []).append)
+    assert default.tokens == full.tokens and seen[0].min_prob == 0.05  # auto: the prior, then measured
+    assert d3d_settings(torch.device("cpu"), mode, False)["verify_min_prob"] == "auto"
     with pytest.raises(ValueError, match="verify_min_prob=1.5"):
         generate(target, PROMPTS, max_new_tokens=3, mode=mode, drafter=drafter, verify_min_prob=1.5)
 
