@@ -70,7 +70,7 @@ def lookup_copy(context: list[int], min_ngram: int, max_len: int, max_ngram: int
     contexts on a GPU.
     """
     if min_ngram < 1 or max_len < 1:
-        raise ValueError(f"lookup_chain: min_ngram and max_len must be >= 1, got {min_ngram}, {max_len}")
+        raise ValueError(f"lookup: min_ngram and max_len must be >= 1, got {min_ngram}, {max_len}")
     L = len(context)
     for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
         tail = context[L - n:]

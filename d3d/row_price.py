@@ -16,11 +16,13 @@ the machine, the dtype and the text:
     AMD EPYC Zen 5, avx512_bf16, bf16 (docs/results/qwen-drafter/run3): a 16-row pass 77 ms, a 3-row
     one 49 ms: b ~ 2 ms; sync at ~24 tok/s: R * b ~ 0.05 — the fixed value validation had picked
     (0.05 1.38x, 0.1 1.35x, 0.2 1.22x of ar).
-    AMD EPYC, AVX2 only, fp32 (bench passes: 1 row 129 ms, 16 rows 278 ms): b ~ 9.3 ms; sync on
-    HumanEval at ~19 tok/s: R * b ~ 0.18, and copied chains, cut at 0.05 by nobody, were verified
-    15 long: offline (docs/results/copy-length/probe.txt) cutting them at 0.2 gave the copied rounds
-    22.3 tok/s instead of 18.5.
-    AMX, or a GPU: b ~ 0, every draft verified.
+    AMD EPYC, AVX2 only, fp32 (bench passes: 1 row 129 ms, 16 rows 278 ms): b measured 8-9 ms; R 9-30
+    tok/s, so R * b ~ 0.05 on prose and 0.1-0.27 on code the answer copies. There copied chains had
+    been verified 15 long (confidence 1) whatever their match; offline, cutting them at 0.2 gave the
+    copied rounds 22.3 tok/s instead of 18.5 (docs/results/copy-length/probe.txt). On validation
+    requests, fixed 0.05 -> auto: code 1.71x / 1.74x -> 1.69x / 1.74x, explanations 1.11x / 1.16x ->
+    1.16x / 1.26x of ar, two runs (docs/results/copy-length/).
+    AMX, or a GPU (expected, unmeasured): b ~ 0, every draft verified.
 
 b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
 rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio
