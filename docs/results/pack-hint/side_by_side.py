@@ -5,6 +5,9 @@ ar16 / ar1: ar with the target packed for 16 rows (d3d's) / for 1 row; sync: the
 equal sync's.
 
     python docs/results/pack-hint/side_by_side.py TARGET_DIR > docs/results/pack-hint/side_by_side.txt
+    python docs/results/pack-hint/side_by_side.py TARGET_DIR --reversed > docs/results/pack-hint/side_by_side_reversed.txt
+
+--reversed: the 1-row model loaded and run first (was the first run's 1.28x an order artifact?).
 """
 import statistics
 import sys
@@ -20,15 +23,15 @@ T = sys.argv[1]
 tok = load_tokenizer(T)
 prompts = chat_prompts(tok, training_corpus(T), 0.05, 8, "validation", seed=1234, templates=1)
 stops = tok.stop_token_ids()
+order = (1, 16) if "--reversed" in sys.argv[2:] else (16, 1)
 models = {}
-for hint in (16, 1):
+for hint in order:
     cl.BATCH_HINT = hint
     models[hint] = d3d.load_model(T, dtype="float32")
     d3d.generate(models[hint], prompts[0][:32], max_new_tokens=4, stop_ids=[])
 drafter = d3d.load_drafter("models/d3d-drafter-qwen2.5-coder-0.5b", target=models[16])
-runs = {"ar16": lambda p: d3d.generate(models[16], p, max_new_tokens=128, stop_ids=stops),
-        "ar1": lambda p: d3d.generate(models[1], p, max_new_tokens=128, stop_ids=stops),
-        "sync": lambda p: d3d.generate(models[16], p, max_new_tokens=128, stop_ids=stops, mode="sync", drafter=drafter)}
+runs = {f"ar{h}": (lambda p, h=h: d3d.generate(models[h], p, max_new_tokens=128, stop_ids=stops)) for h in order}
+runs["sync"] = lambda p: d3d.generate(models[16], p, max_new_tokens=128, stop_ids=stops, mode="sync", drafter=drafter)
 runs["sync"](prompts[0][:32])
 tok_s = {k: [] for k in runs}
 equal = 0
