@@ -33,8 +33,6 @@ depend on timing, the tokens do not (every cut is lossless).
 
 from __future__ import annotations
 
-import math
-
 
 class RowPrice:
     """Running estimates of R (tokens per second) and b (seconds per verified row), and the
@@ -49,7 +47,7 @@ class RowPrice:
             raise ValueError(f"ceiling={ceiling!r}: must be in (0, 1]")
         self.prior, self.decay, self.warmup, self.ceiling = prior, decay, warmup, ceiling
         self.rounds = 0
-        self.m = [0.0] * 5  # weighted means of 1, w, w^2, s, w*s (verification rows w, seconds s)
+        self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
         self.tokens = self.seconds = 0.0
 
     def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float) -> None:
@@ -59,7 +57,7 @@ class RowPrice:
             raise ValueError(f"observe(rows={rows}, verify_seconds={verify_seconds}, tokens={tokens}, "
                              f"round_seconds={round_seconds}): rows >= 1 and times and tokens >= 0")
         d = 1.0 if self.rounds == 0 else self.decay
-        for j, x in enumerate((1.0, rows, rows * rows, verify_seconds, rows * verify_seconds)):
+        for j, x in enumerate((rows, rows * rows, verify_seconds, rows * verify_seconds)):
             self.m[j] += d * (x - self.m[j])
         self.tokens += d * (tokens - self.tokens)
         self.seconds += d * (round_seconds - self.seconds)
@@ -67,11 +65,11 @@ class RowPrice:
 
     def seconds_per_row(self) -> float | None:
         """b, the slope of seconds on rows (>= 0); None while the widths seen hardly differ."""
-        one, w, ww, s, ws = self.m
-        var = ww / one - (w / one) ** 2
+        w, ww, s, ws = self.m  # the weights sum to 1 (the first round's is 1): these are means
+        var = ww - w * w
         if var < 1.0:  # widths within about a row of each other: no slope to see
             return None
-        return max(0.0, (ws / one - w * s / one ** 2) / var)
+        return max(0.0, (ws - w * s) / var)
 
     def rate(self) -> float:
         """R, committed tokens per second of rounds."""
@@ -80,7 +78,7 @@ class RowPrice:
     def min_prob(self) -> float:
         """The threshold R * b (at most ``ceiling``), or ``prior`` before it can be measured."""
         b = self.seconds_per_row() if self.rounds >= self.warmup else None
-        if b is None or not math.isfinite(b):
+        if b is None:
             return self.prior
         return min(self.ceiling, self.rate() * b)
 
