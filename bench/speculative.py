@@ -6,7 +6,8 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, sync, dflash (the DFlash baseline drafter), async (the device's default settings),
+Modes: ar, ar1 (ar with 1-row matmuls through weights packed for 1 row, ``d3d.cpu_linear.one_row_layout``:
+faster on a CPU for plain decoding, not bit-compatible with verification), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
 async:none / async:thread / async:stream / async:packed (how the hypotheses pass runs beside
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their
 estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
@@ -36,6 +37,7 @@ every speculative output must equal ar; in bf16 only +exact modes must, the othe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
@@ -44,6 +46,7 @@ from pathlib import Path
 import torch
 
 import d3d
+from d3d import cpu_linear
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
 from d3d.corpus import training_corpus
 from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
@@ -55,6 +58,8 @@ from .common import check_chat_sets, compare_table, load_json, machine, markdown
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
                   r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+|auto))?(?P<flags>(\+\w+)*)$")
 
+BASELINES = ("ar-fp32", "ar1")  # plain decoding beside ar: not compared token for token, in "fastest ar"
+
 
 def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
@@ -62,8 +67,11 @@ def run_mode(target, drafter, prompt, mode: str, args):
         raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]"
                          "[+lookupN][+gate|+nogate][+store[N]]")
     name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
+    layout = contextlib.nullcontext()
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
+    elif name == "ar1":  # ar on the layout fastest for 1 row: speedups are quoted vs the fastest ar
+        kw, layout = {}, cpu_linear.one_row_layout()
     elif name == "dflash":
         kw = dict(mode="dflash", drafter=args.dflash_drafter, block_size=args.block_size)
     else:
@@ -82,9 +90,10 @@ def run_mode(target, drafter, prompt, mode: str, args):
         if args.datastore is None:
             raise SystemExit(f"mode {mode}: +store needs --datastore DIR (an answer store of this target)")
         kw["datastore"] = args.datastore.at(kw.pop("datastore_min_confidence"))
-    t = time.perf_counter()
-    out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
-    return out, time.perf_counter() - t
+    with layout:
+        t = time.perf_counter()
+        out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
+        return out, time.perf_counter() - t
 
 
 def bench_set(target, drafter, prompts, args) -> dict:
@@ -96,17 +105,11 @@ def bench_set(target, drafter, prompts, args) -> dict:
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32
     for i, prompt in enumerate(prompts):
-        ref = None
+        outs = {}
         for m in args.modes:
             out, dt = run_mode(target, drafter, prompt, m, args)
-            if ref is None and m == "ar":
-                ref = out.tokens
-            elif m == "ar-fp32":
-                pass  # another dtype: its greedy output may differ from the policy's ar at near-ties
-            elif ref is not None and out.tokens != ref and (must_match or m.endswith("+exact")):
-                raise SystemExit(f"prompt {i}: {m} output differs from ar — speculative decoding is broken")
+            outs[m] = out.tokens
             a, s = acc[m], out.stats
-            a["identical"] += out.tokens == ref
             a["tokens"] += s.total_generated
             a["seconds"] += dt
             a["per_prompt_tok_s"].append(s.total_generated / dt)
@@ -128,6 +131,11 @@ def bench_set(target, drafter, prompts, args) -> dict:
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
                 if hist:
                     a[key] = hist if a[key] is None else [x + y for x, y in zip(a[key], hist)]
+        for m, tokens in outs.items():
+            acc[m]["identical"] += tokens == outs.get("ar")
+            # another dtype or matmul layout (BASELINES) may part from ar's greedy output at near-ties
+            if "ar" in outs and tokens != outs["ar"] and m not in BASELINES and (must_match or m.endswith("+exact")):
+                raise SystemExit(f"prompt {i}: {m} output differs from ar — speculative decoding is broken")
         print(f"  prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     res = {}
     for m, a in acc.items():
@@ -151,7 +159,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r
     if "ar" in res:
-        fastest = max(res[m]["tok_s"] for m in ("ar", "ar-fp32") if m in res)
+        fastest = max(res[m]["tok_s"] for m in ("ar",) + BASELINES if m in res)
         for r in res.values():
             r["speedup_vs_ar"] = r["tok_s"] / res["ar"]["tok_s"]
             r["speedup_vs_fastest_ar"] = r["tok_s"] / fastest

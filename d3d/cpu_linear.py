@@ -24,6 +24,8 @@ on CPU. A packed copy is used only without autograd and only while its weight is
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import torch
@@ -32,6 +34,9 @@ import torch.nn.functional as F
 BATCH_HINT = 16  # the layout oneDNN picks for 16 rows was row-count invariant; the one for 1 row was not (fp32)
 
 ATTR = "_d3d_packed"  # the packed copy lives on the weight tensor itself: same lifetime, no registry
+ATTR_ONE_ROW = "_d3d_packed_1"  # the copy packed for 1 row, made on first use inside one_row_layout()
+
+_ONE_ROW = contextvars.ContextVar("d3d_one_row_layout", default=False)
 
 
 def available() -> bool:
@@ -43,10 +48,10 @@ def available() -> bool:
 class PackedWeight:
     """A oneDNN-blocked copy of ``weight`` [out, in] (fp32 or bf16, CPU)."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, hint: int = BATCH_HINT):
         self.version = weight._version
         self.out_features = weight.shape[0]
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), hint)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.dim() == 2:  # packed passes: [T, d]
@@ -79,6 +84,30 @@ def pack(weight: torch.Tensor) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def one_row_layout():
+    """Inside, a matmul of one row uses a second copy of the weight packed for 1 row.
+
+    That layout is faster for a single row and slower for several (fp32, 2-core AVX2 EPYC, the
+    0.5B target's linears, median ms: M=1 52 vs 63, M=2 117 vs 71; docs/results/pack-hint/), but
+    it rounds differently (~1 ulp) from the 16-row layout that verification passes use, so it is
+    for plain decoding that is not compared bit for bit with a speculative engine (``ar1`` in
+    ``bench speculative``). Scoped to the current thread or task (a context variable)."""
+    token = _ONE_ROW.set(True)
+    try:
+        yield
+    finally:
+        _ONE_ROW.reset(token)
+
+
+def _one_row_copy(weight: torch.Tensor) -> PackedWeight:
+    p = getattr(weight, ATTR_ONE_ROW, None)
+    if p is None or p.version != weight._version:
+        p = PackedWeight(weight, hint=1)
+        setattr(weight, ATTR_ONE_ROW, p)
+    return p
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` when it has one."""
     p = None if torch.is_grad_enabled() else getattr(weight, ATTR, None)
@@ -87,7 +116,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if p.version != weight._version:  # updated in place since packing: repack
         pack(weight)
         p = getattr(weight, ATTR)
+    if x.numel() == x.shape[-1] and _ONE_ROW.get():
+        p = _one_row_copy(weight)
     return p(x, bias)
 
 
-__all__ = ["available", "packs", "pack", "linear", "PackedWeight"]
+__all__ = ["available", "packs", "pack", "linear", "one_row_layout", "PackedWeight"]
