@@ -188,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
                          "at its end-of-turn token, as an instruction-tuned model is used (default: raw text, "
                          "exactly --new-tokens per prompt)")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--modes", nargs="+", default=["ar", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
+    ap.add_argument("--modes", nargs="+", default=["ar", "ar1", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
                                                    "async:thread", "async@0"])
     ap.add_argument("--dtype", default="auto", help="dtype of both models (default: the policy's choice)")
     ap.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
