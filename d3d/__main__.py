@@ -424,7 +424,8 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--leaves", type=int, default=None, metavar="L",
                    help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
                         "row each: a round whose bonus is one of them commits one more token (lossless; not with "
-                        "--exact; default: 2 with sync, measured on a CPU, 0 with async or --exact; d3d/overlap.py)")
+                        "--exact; default, measured: 2 with sync, 0 with sync in fp32 on a CPU, with async or with "
+                        "--exact; d3d/overlap.py)")
     g.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="sync/async: when the last N tokens occurred earlier in the prompt or output, draft by "
                         "copying what followed them (prompt lookup; lossless) instead of asking the drafter; "

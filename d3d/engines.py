@@ -143,8 +143,8 @@ def generate(
         device's measured default (``d3d.overlap.default_verify_min_prob``: "auto" on a CPU, 0 on CUDA).
     leaves: sync/async also verify the L likeliest bonuses the drafter proposed, one target row each
         (``d3d.speculative``): a round whose bonus is one of them commits one more token. None = the
-        device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async), or 0 with
-        exact (which refuses leaves).
+        device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async and for sync
+        on a CPU in fp32, where a row costs time), or 0 with exact (which refuses leaves).
     lookup: sync/async draft by copying from the context where its last ``lookup`` tokens occurred
         before (prompt lookup, ``d3d.lookup``), with the drafter elsewhere; 0 never. None = the
         measured default (``d3d.overlap.default_lookup``: 3 for sync, 0 for async).
@@ -190,20 +190,21 @@ def generate(
                  extra=2 * B + 2)
     if mode == "dflash":
         return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round)
-    settings = d3d_settings(model.device, mode, exact, overlap=overlap, hypotheses=hypotheses, fanout=fanout,
+    settings = d3d_settings(model.device, mode, exact, model.dtype, overlap=overlap, hypotheses=hypotheses, fanout=fanout,
                             successor_threshold=successor_threshold, verify_min_prob=verify_min_prob, leaves=leaves,
                             lookup=lookup, gate=gate)
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, exact=exact, datastore=datastore, **settings)
 
 
-def d3d_settings(device: torch.device, mode: str, exact: bool, **given) -> dict:
+def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtype | None = None, **given) -> dict:
     """The keyword arguments of ``generate_speculative`` for a D3D ``mode``: each one ``given`` as
-    None takes the device's measured default (``d3d.overlap``); every value is checked, by name."""
+    None takes the measured default of the device and the target's ``dtype`` (``d3d.overlap``); every
+    value is checked, by name."""
     chosen = async_defaults(device)
     defaults = {"overlap": chosen.overlap, "hypotheses": chosen.hypotheses, "fanout": chosen.fanout,
                 "successor_threshold": chosen.threshold, "verify_min_prob": default_verify_min_prob(device),
-                "leaves": 0 if exact else default_leaves(device, mode), "lookup": default_lookup(device, mode),
+                "leaves": 0 if exact else default_leaves(device, mode, dtype), "lookup": default_lookup(device, mode),
                 "gate": default_gate(device, mode)}
     s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
     if s["overlap"] not in OVERLAPS:

@@ -240,7 +240,7 @@ def default_verify_min_prob(device: torch.device) -> float | str:
     return 0.0 if device.type == "cuda" else "auto"
 
 
-def default_leaves(device: torch.device, mode: str) -> int:
+def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = None) -> int:
     """``leaves`` of a device and mode: the bonus candidates verified beside the drafts
     (``d3d.speculative``), chosen on validation prompts.
 
@@ -255,8 +255,15 @@ def default_leaves(device: torch.device, mode: str) -> int:
     the τ of more leaves does not pay on this CPU; 1-3 are alike within one run's noise. The bundled
     pair (8 validation code prompts, one run, docs/results/leaves/bundled_validation.json): τ 4.35 ->
     4.79, sync 1.71x -> 1.72x. CUDA: 2 as well until ``python -m bench gpu`` (stage "hypotheses")
-    measures 0 / 4 / 16 there; rows are nearly free on a GPU, so more leaves should pay."""
-    return 0 if mode == "async" else 2
+    measures 0 / 4 / 16 there; rows are nearly free on a GPU, so more leaves should pay.
+    sync in fp32 on a CPU: 0. There a verified row costs real time (a 3-row pass 175-183 ms, a 5-row
+    one ~230 ms on the 2-core AVX2 EPYC in a slow hour, a leaf's row no more than a draft's), and
+    leaves lost on validation requests (fp32, 8 chat requests x 128 tokens per set, modes interleaved,
+    docs/results/leaf-price/ab*.txt), speed over the fastest ar (packed for 1 row), 2 leaves -> 0:
+    code 1.57x -> 1.75x and 1.59x -> 1.69x, explanations 0.94x -> 1.03x and 1.11x -> 1.14x in two runs."""
+    if mode == "async" or (device.type == "cpu" and dtype == torch.float32):
+        return 0
+    return 2
 
 
 def default_lookup(device: torch.device, mode: str) -> int:

@@ -320,11 +320,13 @@ class Drafting:
                 rest.append(i)
         return rest, stored
 
-    def leaves(self, draft: Draft, n: int) -> list[Hypothesis]:
-        """Step 2's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed."""
+    def leaves(self, draft: Draft, n: int, min_score: float = 0.0) -> list[Hypothesis]:
+        """Step 2's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed, those
+        whose estimated hit probability is at least ``min_score`` (the row price under "auto")."""
         if not self.L:
             return []
-        return bonus_leaves(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, n, self.L)
+        leaves = bonus_leaves(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, n, self.L)
+        return [h for h in leaves if h.score >= min_score]
 
     def start_hypotheses(self, rows: list[int], drafts: dict[int, Draft], hyps: dict[int, list[Hypothesis]]):
         """Step 3's pass for the rows whose hypotheses are likely enough to hit (``successor_threshold``):
@@ -397,8 +399,8 @@ def generate_speculative(
     least this probability (the longest such run over the batch's rows; ``Draft.likely_length``):
     where a verified row costs real time (a CPU without AMX) a weak drafter's long tail of
     unlikely drafts is not worth its rows. 0 verifies every draft; ``"auto"`` measures the threshold as
-    it runs: tokens per second times the seconds a verified row adds (``d3d.row_price``). Lossless
-    either way.
+    it runs: tokens per second times the seconds a verified row adds (``d3d.row_price``), and cuts
+    leaves whose estimated hit probability is below it too. Lossless either way.
     ``leaves``: verify also the L likeliest bonuses the drafter proposed (module docstring); lossless,
     but not with ``exact`` (a leaf attends through a mask, not as a one-token step would).
     ``lookup``: n >= 1 drafts by copying from the context where its last n tokens occurred before
@@ -439,7 +441,8 @@ def generate_speculative(
             r = side.prepare(rows, lookup, chooser, clock, datastore)
             min_prob = price.min_prob() if price else verify_min_prob
             n_verify = verify_width([r.drafts[i] for i in rows], min_prob)
-            leaf_rows = [side.leaves(r.drafts[i], n_verify) for i in rows]
+            # a fixed min_prob cuts drafts only; the measured price ("auto") is what any row costs, leaves too
+            leaf_rows = [side.leaves(r.drafts[i], n_verify, min_prob if price else 0.0) for i in rows]
             drafts = {i: r.drafts[i].truncated(n_verify) for i in rows}
             stats.verified_drafts += len(rows) * n_verify
             stats.verified_leaves += sum(map(len, leaf_rows))

@@ -149,12 +149,19 @@ def test_leaves_through_every_async_overlap():
     assert len({o.stats.leaf_hits for o in outs.values()}) == 1 and outs["none"].stats.leaf_hits > 0
 
 
-def test_default_leaves_two_for_sync_none_for_async_or_exact():
+def test_default_leaves_two_for_sync_none_for_async_exact_or_fp32_on_a_cpu():
+    """The default follows the target's dtype: none in fp32 on a CPU (a row costs time there), two
+    for sync in bf16; none for async or with exact. verify_min_prob=0 keeps every leaf verified."""
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
-    for mode, exact, per_round in (("sync", False, 2), ("async", False, 0), ("sync", True, 0)):
-        s = generate(target, PROMPTS, max_new_tokens=12, stop_ids=[], mode=mode, drafter=drafter, exact=exact).stats
-        assert s.verified_leaves == per_round * s.rounds, (mode, exact)
+    half = tiny_target(seed=21).to(torch.bfloat16)
+    half_drafter = random_drafter(half, 5, seed=22)
+    half_drafter.model.to(torch.bfloat16)
+    for model, d, mode, exact, per_round in ((target, drafter, "sync", False, 0), (half, half_drafter, "sync", False, 2),
+                                             (half, half_drafter, "async", False, 0), (half, half_drafter, "sync", True, 0)):
+        s = generate(model, PROMPTS, max_new_tokens=12, stop_ids=[], mode=mode, drafter=d, exact=exact,
+                     verify_min_prob=0.0).stats
+        assert s.verified_leaves == per_round * s.rounds, (model.dtype, mode, exact)
 
 
 def test_leaves_arguments_checked():

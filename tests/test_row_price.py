@@ -90,6 +90,39 @@ def test_auto_cuts_each_round_at_the_measured_threshold_and_keeps_greedy_output(
     assert sum(tokens for _, tokens in Scripted.seen) == out.stats.total_generated - 1  # the prefill's token aside
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_auto_prices_leaves_like_drafts(mode, monkeypatch):
+    """Under "auto" a leaf is verified only when its estimated hit probability reaches the round's
+    threshold: all leaves at 0, none at 1 (a random drafter is never that sure), and the leaves at
+    0.2 are those bonus_leaves ranks with a score of at least 0.2. The output stays ar's."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    monkeypatch.setattr(speculative, "RowPrice", Scripted)
+    monkeypatch.setattr(Scripted, "script", [0.0, 1.0, 0.2])
+    Scripted.seen = []
+    rounds = []
+    out = generate(target, PROMPTS[:1], max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, leaves=3,
+                   verify_min_prob="auto", on_round=rounds.append)
+    assert out.tokens == reference(target, PROMPTS[:1], 30)
+    leaves = [rows - 1 - len(r.draft) for (rows, _), r in zip(Scripted.seen, rounds)]
+    assert all(n == 3 for n, r in zip(leaves, rounds) if r.min_prob == 0.0)
+    assert all(n == 0 for n, r in zip(leaves, rounds) if r.min_prob == 1.0)
+    assert out.stats.verified_leaves == sum(leaves) < 3 * len(rounds)
+
+
+def test_leaf_score_cut_keeps_the_ranking():
+    from d3d.hypotheses import bonus_leaves
+
+    drafts, conf = [7, 8, 9], [0.5, 0.8, 0.9]
+    top_ids, top_probs = [[9, 7], [8, 4], [9, 3]], [[0.3, 0.5], [0.8, 0.1], [0.9, 0.05]]
+    side = speculative.Drafting.__new__(speculative.Drafting)
+    side.L = 4
+    draft = speculative.Draft(drafts, conf, top_ids=top_ids, top_probs=top_probs)
+    every = bonus_leaves(drafts, conf, top_ids, top_probs, 3, 4)
+    assert side.leaves(draft, 3) == every
+    assert side.leaves(draft, 3, 0.2) == [h for h in every if h.score >= 0.2] != every
+
+
 def test_auto_measures_and_refuses_nonsense():
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)

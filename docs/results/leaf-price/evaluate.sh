@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# After the choice on validation requests (ab.txt, ab2.txt): the evaluation prompts (HumanEval 16, MT-Bench 8
+# first turns), ar, ar1 (ar packed for 1 row: the fastest ar), sync with 2 (priced) leaves, and sync's new
+# fp32 CPU defaults (no leaves), side by side in one run per set (~25 min, AVX2 fp32).
+#   bash docs/results/leaf-price/evaluate.sh TARGET_DIR [OUT_DIR]
+set -euo pipefail
+T=${1:?target directory (bench/get_qwen25_coder.sh)}
+D=${2:-docs/results/leaf-price}
+for spec in "humaneval 16" "mtbench 8"; do
+  set -- $spec
+  python -m bench speculative --target "$T" --drafter models/d3d-drafter-qwen2.5-coder-0.5b --chat \
+    --sets $1 --n $2 --new-tokens 128 --modes ar ar1 sync+leaves2 sync --out "$D/speculative_$1.json"
+done
