@@ -71,19 +71,26 @@ class Scripted(RowPrice):
         super().observe(rows, verify_seconds, tokens, round_seconds)
 
 
+def scripted_run(mode, monkeypatch, script, leaves):
+    """sync/async with verify_min_prob="auto" and the price's thresholds scripted (cycling through
+    ``script``): the output, checked against ar, and the rounds."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    monkeypatch.setattr(speculative, "RowPrice", Scripted)
+    monkeypatch.setattr(Scripted, "script", script)
+    Scripted.seen = []
+    rounds = []
+    out = generate(target, PROMPTS[:1], max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, leaves=leaves,
+                   verify_min_prob="auto", on_round=rounds.append)
+    assert out.tokens == reference(target, PROMPTS[:1], 30)
+    return out, rounds
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_auto_cuts_each_round_at_the_measured_threshold_and_keeps_greedy_output(mode, monkeypatch):
     """verify_min_prob="auto": each round's drafts are cut at the price's threshold of that round
     (scripted here: all, none, a cut), every round is observed, and the output equals ar."""
-    target = tiny_target(seed=21)
-    drafter = random_drafter(target, 5, seed=22)
-    monkeypatch.setattr(speculative, "RowPrice", Scripted)
-    monkeypatch.setattr(Scripted, "script", [0.0, 1.0, 0.3])
-    Scripted.seen = []
-    rounds = []
-    out = generate(target, PROMPTS[:1], max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, leaves=0,
-                   verify_min_prob="auto", on_round=rounds.append)
-    assert out.tokens == reference(target, PROMPTS[:1], 30)
+    out, rounds = scripted_run(mode, monkeypatch, [0.0, 1.0, 0.3], leaves=0)
     assert [r.min_prob for r in rounds] == [[0.0, 1.0, 0.3][k % 3] for k in range(len(rounds))]
     assert all(len(r.draft) == (4 if r.min_prob == 0 else 0) for r in rounds if r.min_prob != 0.3)
     assert [rows for rows, _ in Scripted.seen] == [1 + len(r.draft) for r in rounds]
@@ -93,17 +100,9 @@ def test_auto_cuts_each_round_at_the_measured_threshold_and_keeps_greedy_output(
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_auto_prices_leaves_like_drafts(mode, monkeypatch):
     """Under "auto" a leaf is verified only when its estimated hit probability reaches the round's
-    threshold: all leaves at 0, none at 1 (a random drafter is never that sure), and the leaves at
-    0.2 are those bonus_leaves ranks with a score of at least 0.2. The output stays ar's."""
-    target = tiny_target(seed=21)
-    drafter = random_drafter(target, 5, seed=22)
-    monkeypatch.setattr(speculative, "RowPrice", Scripted)
-    monkeypatch.setattr(Scripted, "script", [0.0, 1.0, 0.2])
-    Scripted.seen = []
-    rounds = []
-    out = generate(target, PROMPTS[:1], max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, leaves=3,
-                   verify_min_prob="auto", on_round=rounds.append)
-    assert out.tokens == reference(target, PROMPTS[:1], 30)
+    threshold: all leaves at 0, none at 1 (a random drafter is never that sure), fewer in all. The
+    output stays ar's."""
+    out, rounds = scripted_run(mode, monkeypatch, [0.0, 1.0, 0.2], leaves=3)
     leaves = [rows - 1 - len(r.draft) for (rows, _), r in zip(Scripted.seen, rounds)]
     assert all(n == 3 for n, r in zip(leaves, rounds) if r.min_prob == 0.0)
     assert all(n == 0 for n, r in zip(leaves, rounds) if r.min_prob == 1.0)
