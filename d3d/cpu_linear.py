@@ -89,10 +89,11 @@ def one_row_layout():
     """Inside, a matmul of one row uses a second copy of the weight packed for 1 row.
 
     That layout is faster for a single row and slower for several (fp32, 2-core AVX2 EPYC, the
-    0.5B target's linears, median ms: M=1 52 vs 63, M=2 117 vs 71; docs/results/pack-hint/), but
-    it rounds differently (~1 ulp) from the 16-row layout that verification passes use, so it is
-    for plain decoding that is not compared bit for bit with a speculative engine (``ar1`` in
-    ``bench speculative``). Scoped to the current thread or task (a context variable)."""
+    0.5B target's linears, median ms: M=1 52 vs 63, M=2 117 vs 71; ar on it 1.10-1.12x faster on
+    16 HumanEval prompts; docs/results/pack-hint/), but it is not row-invariant: it rounds
+    differently (~1 ulp) from the 16-row layout that verification passes use, so it is for plain
+    decoding that is not compared bit for bit with a speculative engine (``ar1`` in ``bench
+    speculative``). Scoped to the current thread or task (a context variable)."""
     token = _ONE_ROW.set(True)
     try:
         yield
