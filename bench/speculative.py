@@ -9,8 +9,8 @@ went (drafting on the critical path vs hidden behind verification).
 Modes: ar, ar1 (ar with 1-row matmuls through weights packed for 1 row, ``d3d.cpu_linear.one_row_layout``:
 faster on a CPU, not bit-compatible with verification; in "vs fastest ar" with ar-fp32), sync, dflash
 (the DFlash baseline drafter), async (the device's default settings), async:none / async:thread /
-async:stream / async:packed (how the hypotheses pass runs beside verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their
-estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
+async:stream / async:packed (how the hypotheses pass runs beside verification); a suffix @X sets
+the successor threshold (a row gets hypotheses only when their estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
 fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
 with probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.row_price``; the JSON's
 verified_drafts_per_round); +exact verifies
