@@ -6,21 +6,22 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, ar1 (ar with 1-row matmuls through weights packed for 1 row, ``d3d.cpu_linear.one_row_layout``:
-faster on a CPU, not bit-compatible with verification; in "vs fastest ar" with ar-fp32), sync, dflash
-(the DFlash baseline drafter), async (the device's default settings), async:none / async:thread /
-async:stream / async:packed (how the hypotheses pass runs beside verification); a suffix @X sets
-the successor threshold (a row gets hypotheses only when their estimated hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus
-fan-out (``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly
-with probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.row_price``; the JSON's
-verified_drafts_per_round); +exact verifies
-with row-invariant attention (bf16 output equal to ar bit for bit); +leavesL verifies also the L
-likeliest bonuses the drafter proposed (``leaves``; the JSON's leaf_hit_rate, leaves_per_round);
-+lookupN copies the draft from the context after an N-token match (``lookup``; the JSON's lookup_rate);
-+gate / +nogate: plain target steps while drafting rounds measure slower (``gate``, ``d3d.gate``; the
-JSON's step_rate, and tau_speculating, τ over the rounds that verified drafts); +storeN drafts from
-the target's own earlier answers (``--datastore``, ``d3d.datastore``) where N% of the occurrences agree
-on the first draft (+store: any share; the JSON's datastore_rate).
+Modes: ar, ar1 (ar with 1-row matmuls through weights packed for 1 row,
+``d3d.cpu_linear.one_row_layout``: faster on a CPU, not bit-compatible with verification; in "vs fastest
+ar" with ar-fp32), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
+async:none / async:thread / async:stream / async:packed (how the hypotheses pass runs beside
+verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their estimated
+hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus fan-out
+(``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly with
+probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.row_price``; the JSON's
+verified_drafts_per_round); +exact verifies with row-invariant attention (bf16 output equal to ar bit
+for bit); +leavesL verifies also the L likeliest bonuses the drafter proposed (``leaves``; the JSON's
+leaf_hit_rate, leaves_per_round); +lookupN copies the draft from the context after an N-token match
+(``lookup``; the JSON's lookup_rate); +gate / +nogate: plain target steps while drafting rounds measure
+slower (``gate``, ``d3d.gate``; the JSON's step_rate, and tau_speculating, τ over the rounds that
+verified drafts); +storeN drafts from the target's own earlier answers (``--datastore``,
+``d3d.datastore``) where N% of the occurrences agree on the first draft (+store: any share; the JSON's
+datastore_rate).
 Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~auto``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``, ``sync+store50``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
