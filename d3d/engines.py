@@ -190,9 +190,9 @@ def generate(
                  extra=2 * B + 2)
     if mode == "dflash":
         return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round)
-    settings = d3d_settings(model.device, mode, exact, model.dtype, overlap=overlap, hypotheses=hypotheses, fanout=fanout,
-                            successor_threshold=successor_threshold, verify_min_prob=verify_min_prob, leaves=leaves,
-                            lookup=lookup, gate=gate)
+    settings = d3d_settings(model.device, mode, exact, model.dtype, overlap=overlap, hypotheses=hypotheses,
+                            fanout=fanout, successor_threshold=successor_threshold, verify_min_prob=verify_min_prob,
+                            leaves=leaves, lookup=lookup, gate=gate)
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, exact=exact, datastore=datastore, **settings)
 
@@ -204,7 +204,8 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
     chosen = async_defaults(device)
     defaults = {"overlap": chosen.overlap, "hypotheses": chosen.hypotheses, "fanout": chosen.fanout,
                 "successor_threshold": chosen.threshold, "verify_min_prob": default_verify_min_prob(device),
-                "leaves": 0 if exact else default_leaves(device, mode, dtype), "lookup": default_lookup(device, mode),
+                "leaves": 0 if exact else default_leaves(device, mode, dtype),
+                "lookup": default_lookup(device, mode),
                 "gate": default_gate(device, mode)}
     s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
     if s["overlap"] not in OVERLAPS:

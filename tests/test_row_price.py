@@ -110,16 +110,16 @@ def test_auto_prices_leaves_like_drafts(mode, monkeypatch):
 
 
 def test_leaf_score_cut_keeps_the_ranking():
-    from d3d.hypotheses import bonus_leaves
+    """Leaves scored 1 x 0.3 (the rival of d_1), 0.5 x 0.1 and 0.5 x 0.8 x 0.05: a cut at 0.2 keeps the first."""
+    from d3d.hypotheses import Hypothesis
 
-    drafts, conf = [7, 8, 9], [0.5, 0.8, 0.9]
     top_ids, top_probs = [[9, 7], [8, 4], [9, 3]], [[0.3, 0.5], [0.8, 0.1], [0.9, 0.05]]
     side = speculative.Drafting.__new__(speculative.Drafting)
     side.L = 4
-    draft = speculative.Draft(drafts, conf, top_ids=top_ids, top_probs=top_probs)
-    every = bonus_leaves(drafts, conf, top_ids, top_probs, 3, 4)
-    assert side.leaves(draft, 3) == every
-    assert side.leaves(draft, 3, 0.2) == [h for h in every if h.score >= 0.2] != every
+    draft = speculative.Draft([7, 8, 9], [0.5, 0.8, 0.9], top_ids=top_ids, top_probs=top_probs)
+    first = Hypothesis(0, 9, pytest.approx(0.3))
+    assert side.leaves(draft, 3) == [first, Hypothesis(1, 4, pytest.approx(0.05)), Hypothesis(2, 3, pytest.approx(0.02))]
+    assert side.leaves(draft, 3, 0.2) == [first]
 
 
 def test_auto_measures_and_refuses_nonsense():
