@@ -16,6 +16,16 @@ and a packed weight gives each row the same result whatever the number of rows M
 M = 1..48 at reduction sizes up to 1024): a 16-token verification pass and 16 one-token steps
 round alike, which is what keeps low-precision speculative decoding token-exact.
 
+fp32 on AVX2 CPUs without AVX-512 takes the panels of ``d3d.kernels.skinny`` instead (row-invariant
+for every M by construction; ``D3D_CPU_MATMUL=onednn|panels`` overrides): there oneDNN's fp32 kernels
+stream weights slowly at 2-8 rows, the rows of a verification pass. The 0.5B target, fp32, 2-core AVX2
+EPYC, one pass over n new tokens after a 200-token prefill, median ms, two runs each, alternated:
+
+    rows         1        2        4         6          8          16
+    oneDNN   85-89   87-108  107-118   115-121   130-137    197-205
+    panels   78-87    80-84   86-88     84-85    100-105    138-141
+    (a 200-token prefill: 0.92-1.02 s vs 1.05-1.09 s)
+
 The packed copy is a second copy of every matrix (the plain weight stays: training, saving, the
 embedding lookup and ``d3d.packed`` read it); ``Transformer.pack_for_cpu`` makes it at load time
 on CPU. A packed copy is used only without autograd and only while its weight is unchanged
@@ -31,6 +41,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .kernels import skinny
+
 BATCH_HINT = 16  # the layout oneDNN picks for 16 rows was row-count invariant; the one for 1 row was not (fp32)
 
 ATTR = "_d3d_packed"  # the packed copy lives on the weight tensor itself: same lifetime, no registry
@@ -43,6 +55,22 @@ def available() -> bool:
     """Whether this torch build has oneDNN with the packing ops."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class PanelWeight:
+    """``weight`` [out, in] fp32 in the panels of ``d3d.kernels.skinny``: row-invariant for every
+    number of rows, and faster than oneDNN at the 2-8 rows of verification passes on AVX2 CPUs."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.version = weight._version
+        self.out_features = weight.shape[0]
+        self.packed = skinny.pack(weight)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = skinny.matmul(x.reshape(-1, x.shape[-1]), self.packed, self.out_features)
+        if bias is not None:
+            y += bias
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 class PackedWeight:
@@ -76,11 +104,14 @@ def packs(dtype: torch.dtype) -> bool:
 
 def pack(weight: torch.Tensor) -> bool:
     """Register ``weight`` for packed matmuls; False (nothing done) where packing does not apply."""
-    if weight.device.type != "cpu" or weight.dim() != 2 or not packs(weight.dtype):
+    if weight.device.type != "cpu" or weight.dim() != 2:
+        return False
+    panels = weight.dtype == torch.float32 and skinny.wanted()
+    if not panels and not packs(weight.dtype):
         return False
     p = getattr(weight, ATTR, None)
     if p is None or p.version != weight._version:
-        setattr(weight, ATTR, PackedWeight(weight))
+        setattr(weight, ATTR, PanelWeight(weight) if panels else PackedWeight(weight))
     return True
 
 
@@ -117,9 +148,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if p.version != weight._version:  # updated in place since packing: repack
         pack(weight)
         p = getattr(weight, ATTR)
-    if x.numel() == x.shape[-1] and _ONE_ROW.get():
+    if x.numel() == x.shape[-1] and _ONE_ROW.get() and packs(weight.dtype):
         p = _one_row_copy(weight)
     return p(x, bias)
 
 
-__all__ = ["available", "packs", "pack", "linear", "one_row_layout", "PackedWeight"]
+__all__ = ["available", "packs", "pack", "linear", "one_row_layout", "PackedWeight", "PanelWeight"]

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-__all__ = ["packed_attention_reference", "bd3_training_mask_reference"]
+__all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_matmul_reference"]
 
 
 def packed_attention_reference(
@@ -79,3 +79,16 @@ def bd3_training_mask_reference(L: int, block_size: int) -> torch.Tensor:
             elif q_clean and k_clean and k_blk <= q_blk:
                 mask[i, j] = True
     return mask
+
+
+def skinny_matmul_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The fma chain of ``d3d.kernels.skinny``, emulated: for each (m, n), acc = fp32(acc + x[m, k] w[n, k])
+    for k = 0 .. K-1 from acc = 0 (the product of two fp32 is exact in float64; the sum is rounded to
+    float64 and then to fp32, which can differ from one fma's single rounding only when the float64
+    sum falls exactly halfway between two fp32 numbers, about 2^-29 of the time). x [M, K], w [N, K]
+    fp32; returns fp32 [M, N]."""
+    x64, w64 = x.double(), w.double()
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float64)
+    for k in range(x.shape[1]):
+        acc = (acc + x64[:, k, None] * w64[None, :, k]).float().double()
+    return acc.float()
