@@ -144,7 +144,7 @@ def generate(
     leaves: sync/async also verify the L likeliest bonuses the drafter proposed, one target row each
         (``d3d.speculative``): a round whose bonus is one of them commits one more token. None = the
         device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async and for sync
-        on a CPU in fp32, where a row costs time), or 0 with exact (which refuses leaves).
+        on a CPU in fp32 through oneDNN, where a row costs time), or 0 with exact (which refuses leaves).
     lookup: sync/async draft by copying from the context where its last ``lookup`` tokens occurred
         before (prompt lookup, ``d3d.lookup``), with the drafter elsewhere; 0 never. None = the
         measured default (``d3d.overlap.default_lookup``: 3 for sync, 0 for async).

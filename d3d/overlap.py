@@ -23,6 +23,7 @@ import torch
 
 from .cache import KVCache, PassLayout
 from .generation import Clock
+from .kernels import skinny
 from .model import Transformer
 
 if TYPE_CHECKING:
@@ -256,12 +257,17 @@ def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = 
     pair (8 validation code prompts, one run, docs/results/leaves/bundled_validation.json): τ 4.35 ->
     4.79, sync 1.71x -> 1.72x. CUDA: 2 as well until ``python -m bench gpu`` (stage "hypotheses")
     measures 0 / 4 / 16 there; rows are nearly free on a GPU, so more leaves should pay.
-    sync in fp32 on a CPU: 0. There a verified row costs real time (a 3-row pass 175-183 ms, a 5-row
-    one ~230 ms on the 2-core AVX2 EPYC in a slow hour, a leaf's row no more than a draft's), and
+    sync in fp32 on a CPU: 2 where fp32 matmuls run on the row-invariant panels of
+    ``d3d.kernels.skinny`` (AVX2 CPUs), 0 where they run on oneDNN. On oneDNN a verified row cost real
+    time (a 3-row pass 175-183 ms, a 5-row one ~230 ms on the 2-core AVX2 EPYC in a slow hour) and
     leaves lost on validation requests (fp32, 8 chat requests x 128 tokens per set, modes interleaved,
-    docs/results/leaf-price/ab*.txt), speed over the fastest ar (packed for 1 row), 2 leaves -> 0:
-    code 1.57x -> 1.75x and 1.59x -> 1.69x, explanations 0.94x -> 1.03x and 1.11x -> 1.14x in two runs."""
-    if mode == "async" or (device.type == "cpu" and dtype == torch.float32):
+    docs/results/leaf-price/ab*.txt), speed over the fastest ar, 2 leaves -> 0: code 1.57x -> 1.75x and
+    1.59x -> 1.69x, explanations 0.94x -> 1.03x and 1.11x -> 1.14x in two runs. On the panels a 6-row
+    pass costs about what a 1-row one does, and leaves won on the same requests (one run,
+    docs/results/panels/ab.txt), 0 -> 2 leaves: code 1.98x -> 2.10x, explanations 1.27x -> 1.40x."""
+    if mode == "async":
+        return 0
+    if device.type == "cpu" and dtype == torch.float32 and not skinny.wanted():
         return 0
     return 2
 

@@ -14,6 +14,7 @@ from d3d.config import ModelConfig
 from d3d.drafter import Block, Drafter, DrafterConfig, Drafts, drafter_model_config
 from d3d.engines import d3d_settings, generate as _generate
 from d3d.engines import generate as library_generate
+from d3d.kernels import skinny
 from d3d.model import Transformer
 
 V = 48
@@ -177,14 +178,15 @@ def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
                                lookup=0, on_round=(seen := []).append)
     assert default.tokens == full.tokens and seen[0].min_prob == 0.05  # auto: the prior, then measured
     assert d3d_settings(torch.device("cpu"), mode, False)["verify_min_prob"] == "auto"
-    # leaves: where a row costs time (fp32 on a CPU) none; where rows are about free two (sync)
+    # leaves: where a row costs time (fp32 on a CPU through oneDNN) none; where rows are about free two (sync)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert d3d_settings(cpu, mode, False, torch.float32)["leaves"] == 0
+    fp32_leaves = 2 if mode == "sync" and skinny.wanted() else 0
+    assert d3d_settings(cpu, mode, False, torch.float32)["leaves"] == fp32_leaves
     assert d3d_settings(cpu, mode, False, torch.bfloat16)["leaves"] == d3d_settings(cuda, mode, False,
                                                                                    torch.float32)["leaves"] == \
         (2 if mode == "sync" else 0)
     assert d3d_settings(cpu, mode, False, torch.float32, leaves=3)["leaves"] == 3
-    assert default.stats.verified_leaves == 0  # the tiny target is fp32 on a CPU
+    assert default.stats.verified_leaves <= fp32_leaves * default.stats.rounds  # the tiny target is fp32 on a CPU
     with pytest.raises(ValueError, match="verify_min_prob=1.5"):
         generate(target, PROMPTS, max_new_tokens=3, mode=mode, drafter=drafter, verify_min_prob=1.5)
 
