@@ -7,6 +7,7 @@ repeat, repeats interleaved so that machine drift hits all alike; medians are re
 
     python -m bench passes [--target DIR] [--drafter DIR] [--T 1 2 4 8 16 32] [--out FILE]
     python -m bench passes --preset qwen3-1.7b --device cuda --T 1 2 4 8 16 32 64   (a GPU)
+    python -m bench passes --target DIR --dtypes float32 --cpu-matmul panels onednn   (the fp32 CPU matmuls)
 
 ``host_ms`` is the time until the forward call returns; on CUDA, a ``host_ms`` close to ``ms``
 means the pass is bound by launching kernels rather than by running them.
@@ -15,6 +16,8 @@ means the pass is bound by launching kernels rather than by running them.
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import statistics
 import sys
 import time
@@ -67,6 +70,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=30, help="timed runs per (model, dtype, T) (default 30)")
     ap.add_argument("--dtypes", nargs="+", default=None,
                     help="dtypes to time (default: the policy's choice and float32)")
+    ap.add_argument("--cpu-matmul", nargs="+", default=None, choices=["auto", "panels", "onednn"],
+                    help="fp32 CPU matmuls to time side by side (D3D_CPU_MATMUL: the row-invariant panels of "
+                         "d3d.kernels.skinny or oneDNN; default: the current choice)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     if any(t < 1 for t in args.T) or args.context < 1 or args.repeats < 1:
@@ -79,7 +85,10 @@ def main(argv=None) -> dict:
         Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
 
     runners, models = {}, {}
-    for dt in dtypes:
+    before = os.environ.get("D3D_CPU_MATMUL")
+    matmuls = args.cpu_matmul or [before or "auto"]
+    for dt, matmul in itertools.product(dtypes, matmuls):
+        os.environ["D3D_CPU_MATMUL"] = matmul  # read when the weights are packed, at load
         if args.preset:
             target = random_model(args.preset, args.device).to(resolve_dtype(dt, args.device)).pack_for_cpu()
         else:
@@ -93,23 +102,27 @@ def main(argv=None) -> dict:
             models["drafter"] = {"dir": str(drafter_dir), "parameters": drafter.num_parameters(include_shared=True)}
         for name, model in todo.items():
             for T in args.T:
-                runners[(name, dt, T)] = pass_runner(model, T, args.context)
+                runners[(name, dt, matmul, T)] = pass_runner(model, T, args.context)
+    if before is None:
+        os.environ.pop("D3D_CPU_MATMUL")
+    else:
+        os.environ["D3D_CPU_MATMUL"] = before
     host = {k: [] for k in runners}
     timed = {k: (lambda fn=fn, k=k: host[k].append(fn())) for k, fn in runners.items()}
     times = interleaved(timed, args.repeats)  # warm-up first (on CUDA: Triton compiles there)
     host = {k: v[1:] for k, v in host.items()}  # the warm-up run's host time is not a measurement
 
     results = []
-    for (name, dt, T), ts in times.items():
+    for (name, dt, matmul, T), ts in times.items():
         ms = statistics.median(ts) * 1e3
-        results.append({"model": name, "dtype": dt, "T": T, "ms": ms, "ms_min": min(ts) * 1e3,
-                        "ms_max": max(ts) * 1e3, "host_ms": statistics.median(host[(name, dt, T)]) * 1e3})
-    base = {(r["model"], r["dtype"]): r["ms"] for r in results if r["T"] == min(args.T)}
+        results.append({"model": name, "dtype": dt, "cpu_matmul": matmul, "T": T, "ms": ms, "ms_min": min(ts) * 1e3,
+                        "ms_max": max(ts) * 1e3, "host_ms": statistics.median(host[(name, dt, matmul, T)]) * 1e3})
+    base = {(r["model"], r["dtype"], r["cpu_matmul"]): r["ms"] for r in results if r["T"] == min(args.T)}
     for r in results:
-        r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"])]
-    print(markdown_table(["model", "dtype", "T", "ms (median)", "min..max", f"vs T={min(args.T)}"],
-                         [[r["model"], r["dtype"], r["T"], f"{r['ms']:.2f}", f"{r['ms_min']:.2f}..{r['ms_max']:.2f}",
-                           f"{r['vs_T1']:.2f}x"] for r in results]))
+        r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"], r["cpu_matmul"])]
+    print(markdown_table(["model", "dtype", "fp32 matmul", "T", "ms (median)", "min..max", f"vs T={min(args.T)}"],
+                         [[r["model"], r["dtype"], r["cpu_matmul"], r["T"], f"{r['ms']:.2f}",
+                           f"{r['ms_min']:.2f}..{r['ms_max']:.2f}", f"{r['vs_T1']:.2f}x"] for r in results]))
     payload = {"bench": "passes", "machine": machine(), "config": vars(args), "models": models, "results": results,
                # on CUDA: host_ms close to ms means the pass is launch-bound (the GPU waits for the host)
                "cuda_graphs": "not supported by the engines yet" if args.device.startswith("cuda") else None}

@@ -21,7 +21,7 @@ kernels: ``attention`` and ``sampling``, each a payload of its own (results = li
     case, method, ms (median, min, max) and TFLOP/s with the share of the measured matmul peak, or
     GB/s with the share of the measured copy bandwidth), plus ``copy_bandwidth_gb_s`` and
     ``matmul_tflops`` (the ceilings, measured on the same machine in the same run).
-passes: ``results`` = [{model, dtype, T, ms, ms_min, ms_max, vs_T1}] (one forward pass over T new
+passes: ``results`` = [{model, dtype, cpu_matmul, T, ms, ms_min, ms_max, vs_T1}] (one forward pass over T new
     tokens after ``config.context`` cached ones), plus ``models`` {name: {dir, parameters}}.
 agreement: ``results`` = [{set, prompt, mode, identical}], ``summary`` {mode: {prompts, identical,
     agreement}}, ``divergences`` = [{set, prompt, mode, position, ar_token, spec_token, margin,

@@ -6,9 +6,9 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, ar1 (ar with 1-row matmuls through weights packed for 1 row,
-``d3d.cpu_linear.one_row_layout``: faster on a CPU, not bit-compatible with verification; in "vs fastest
-ar" with ar-fp32), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
+Modes: ar, ar1 (ar with 1-row matmuls through weights packed by oneDNN for 1 row,
+``d3d.cpu_linear.one_row_layout``: faster than oneDNN's 16-row layout, not bit-compatible with
+verification; in "vs fastest ar" with ar-fp32), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
 async:none / async:thread / async:stream / async:packed (how the hypotheses pass runs beside
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their estimated
 hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus fan-out
@@ -71,7 +71,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
     layout = contextlib.nullcontext()
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
-    elif name == "ar1":  # ar on the layout fastest for 1 row: speedups are quoted vs the fastest ar
+    elif name == "ar1":  # ar on oneDNN's layout for 1 row: speedups are quoted vs the fastest ar
         kw, layout = {}, cpu_linear.one_row_layout()
     elif name == "dflash":
         kw = dict(mode="dflash", drafter=args.dflash_drafter, block_size=args.block_size)

@@ -117,14 +117,16 @@ def pack(weight: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def one_row_layout():
-    """Inside, a matmul of one row uses a second copy of the weight packed for 1 row.
+    """Inside, a matmul of one row uses a second copy of the weight packed by oneDNN for 1 row.
 
-    That layout is faster for a single row and slower for several (fp32, 2-core AVX2 EPYC, the
+    Against oneDNN's 16-row layout that layout is faster for a single row and slower for several (fp32, 2-core AVX2 EPYC, the
     0.5B target's linears, median ms: M=1 52 vs 63, M=2 117 vs 71; ar on it 1.10-1.12x faster on
     16 HumanEval prompts; docs/results/pack-hint/), but it is not row-invariant: it rounds
     differently (~1 ulp) from the 16-row layout that verification passes use, so it is for plain
     decoding that is not compared bit for bit with a speculative engine (``ar1`` in ``bench
-    speculative``). Scoped to the current thread or task (a context variable)."""
+    speculative``). Where fp32 runs on the panels (``d3d.kernels.skinny``), ar on them matched or beat
+    it (validation requests: code 11.74 vs 11.30 tok/s, explanations 10.72 vs 10.67;
+    docs/results/panels/ab.txt). Scoped to the current thread or task (a context variable)."""
     token = _ONE_ROW.set(True)
     try:
         yield

@@ -1,6 +1,7 @@
 """Timing-free smoke tests of every benchmark command on tiny inputs; the JSON follows the schema."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -163,6 +164,17 @@ def test_passes_smoke(tmp_path):
     assert {r["T"] for r in payload["results"]} == {1, 3}
     assert all(r["ms_min"] <= r["ms"] <= r["ms_max"] for r in payload["results"])  # medians of the repeats
     assert payload["machine"]["dtype_policy"]["dtype"] in ("float32", "bfloat16")
+
+
+def test_passes_times_fp32_matmuls_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.delenv("D3D_CPU_MATMUL", raising=False)
+    out = tmp_path / "passes.json"
+    bench_main(["passes", "--preset", "qwen3-tiny", "--T", "1", "4", "--repeats", "2", "--dtypes", "float32",
+                "--cpu-matmul", "panels", "onednn", "--out", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert sorted((r["cpu_matmul"], r["T"]) for r in rows) == [("onednn", 1), ("onednn", 4), ("panels", 1), ("panels", 4)]
+    assert {r["vs_T1"] for r in rows if r["T"] == 1} == {1.0}  # each layout against its own 1-token pass
+    assert "D3D_CPU_MATMUL" not in os.environ  # the choice is restored after loading
 
 
 def test_target_quality_smoke(tiny_pair, tmp_path):
