@@ -69,6 +69,7 @@ def test_zero_rows_and_non_contiguous_input():
     w = torch.randn(24, 10)
     panels = skinny.pack(w)
     assert skinny.matmul(torch.randn(0, 10), panels, 24).shape == (0, 24)
+    assert torch.equal(skinny.matmul(torch.randn(3, 0), skinny.pack(torch.randn(24, 0)), 24), torch.zeros(3, 24))
     x = torch.randn(10, 5).T  # [5, 10], not contiguous
     assert torch.equal(skinny.matmul(x, panels, 24), skinny.matmul(x.contiguous(), panels, 24))
 
@@ -85,6 +86,9 @@ def test_bad_arguments_are_named():
         skinny.matmul(torch.randn(2, 8), panels, 40)
     with pytest.raises(ValueError, match="weight must be a 2-D fp32"):
         skinny.pack(w.bfloat16())
+    shifted = torch.cat([torch.zeros(1), panels.flatten()])[1:].view(panels.shape)  # 4 bytes off alignment
+    with pytest.raises(RuntimeError, match="32-byte aligned"):
+        skinny.matmul(torch.randn(2, 8), shifted, 20)
 
 
 def test_choice_follows_d3d_cpu_matmul(monkeypatch):

@@ -109,16 +109,18 @@ torch::Tensor pack(const torch::Tensor& w) {
 torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& panels, int64_t N) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
                 "skinny_gemm.matmul: x must be a 2-D fp32 CPU tensor, got ", x.sizes(), " ", x.scalar_type());
-    TORCH_CHECK(panels.dim() == 3 && panels.size(2) == NR && panels.is_contiguous(),
-                "skinny_gemm.matmul: panels must come from skinny_gemm.pack, got ", panels.sizes());
+    TORCH_CHECK(panels.dim() == 3 && panels.size(2) == NR && panels.is_contiguous() &&
+                    reinterpret_cast<uintptr_t>(panels.data_ptr()) % 32 == 0,  // aligned vector loads
+                "skinny_gemm.matmul: panels must come from skinny_gemm.pack (contiguous, 32-byte aligned), got ",
+                panels.sizes());
     TORCH_CHECK(x.size(1) == panels.size(1), "skinny_gemm.matmul: x has ", x.size(1), " features, the weight ",
                 panels.size(1));
     TORCH_CHECK(N > (panels.size(0) - 1) * NR && N <= panels.size(0) * NR, "skinny_gemm.matmul: N=", N,
                 " does not fit ", panels.size(0), " panels");
     auto xc = x.contiguous();
     const int64_t M = xc.size(0), K = xc.size(1), P = panels.size(0);
+    if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
     auto y = torch::empty({M, N}, x.options());
-    if (M == 0) return y;
     const float* xp = xc.data_ptr<float>();
     const float* pp = panels.data_ptr<float>();
     float* yp = y.data_ptr<float>();
