@@ -87,26 +87,28 @@ def main(argv=None) -> dict:
     runners, models = {}, {}
     before = os.environ.get("D3D_CPU_MATMUL")
     matmuls = args.cpu_matmul or [before or "auto"]
-    for dt, matmul in itertools.product(dtypes, matmuls):
-        os.environ["D3D_CPU_MATMUL"] = matmul  # read when the weights are packed, at load
-        if args.preset:
-            target = random_model(args.preset, args.device).to(resolve_dtype(dt, args.device)).pack_for_cpu()
+    try:
+        for dt, matmul in itertools.product(dtypes, matmuls):
+            os.environ["D3D_CPU_MATMUL"] = matmul
+            if args.preset:
+                target = random_model(args.preset, args.device).to(resolve_dtype(dt, args.device)).pack_for_cpu()
+            else:
+                target = d3d.load_model(target_dir, dtype=dt, device=args.device)
+            todo = {"target": target}
+            models["target"] = {"dir": f"random {args.preset}" if args.preset else str(target_dir),
+                                "parameters": target.cfg.num_parameters()}
+            if drafter_dir is not None:
+                drafter = d3d.load_drafter(drafter_dir, target=target)
+                todo["drafter"] = drafter.model
+                models["drafter"] = {"dir": str(drafter_dir), "parameters": drafter.num_parameters(include_shared=True)}
+            for name, model in todo.items():
+                for T in args.T:
+                    runners[(name, dt, matmul, T)] = pass_runner(model, T, args.context)
+    finally:  # the choice is read when the weights are packed, at load: put it back after
+        if before is None:
+            os.environ.pop("D3D_CPU_MATMUL", None)
         else:
-            target = d3d.load_model(target_dir, dtype=dt, device=args.device)
-        todo = {"target": target}
-        models["target"] = {"dir": f"random {args.preset}" if args.preset else str(target_dir),
-                            "parameters": target.cfg.num_parameters()}
-        if drafter_dir is not None:
-            drafter = d3d.load_drafter(drafter_dir, target=target)
-            todo["drafter"] = drafter.model
-            models["drafter"] = {"dir": str(drafter_dir), "parameters": drafter.num_parameters(include_shared=True)}
-        for name, model in todo.items():
-            for T in args.T:
-                runners[(name, dt, matmul, T)] = pass_runner(model, T, args.context)
-    if before is None:
-        os.environ.pop("D3D_CPU_MATMUL")
-    else:
-        os.environ["D3D_CPU_MATMUL"] = before
+            os.environ["D3D_CPU_MATMUL"] = before
     host = {k: [] for k in runners}
     timed = {k: (lambda fn=fn, k=k: host[k].append(fn())) for k, fn in runners.items()}
     times = interleaved(timed, args.repeats)  # warm-up first (on CUDA: Triton compiles there)

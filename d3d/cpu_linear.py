@@ -19,12 +19,12 @@ round alike, which is what keeps low-precision speculative decoding token-exact.
 fp32 on AVX2 CPUs without AVX-512 takes the panels of ``d3d.kernels.skinny`` instead (row-invariant
 for every M by construction; ``D3D_CPU_MATMUL=onednn|panels`` overrides): there oneDNN's fp32 kernels
 stream weights slowly at 2-8 rows, the rows of a verification pass. The 0.5B target, fp32, 2-core AVX2
-EPYC, one pass over n new tokens after a 200-token prefill, median ms, two runs each, alternated:
+EPYC, one pass over n new tokens after 200 cached ones, median ms, layouts interleaved
+(docs/results/panels/passes.json, ``python -m bench passes --cpu-matmul panels onednn``):
 
-    rows         1        2        4         6          8          16
-    oneDNN   85-89   87-108  107-118   115-121   130-137    197-205
-    panels   78-87    80-84   86-88     84-85    100-105    138-141
-    (a 200-token prefill: 0.92-1.02 s vs 1.05-1.09 s)
+    rows        1      2      4      6      8     16
+    oneDNN    136    152    170    190    199    247
+    panels    103    111    114    110    144    177
 
 The packed copy is a second copy of every matrix (the plain weight stays: training, saving, the
 embedding lookup and ``d3d.packed`` read it); ``Transformer.pack_for_cpu`` makes it at load time
@@ -67,7 +67,7 @@ class PanelWeight:
         self.packed = skinny.pack(weight)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = skinny.matmul(x.reshape(-1, x.shape[-1]), self.packed, self.out_features)
+        y = skinny.matmul_packed(x.reshape(-1, x.shape[-1]), self.packed, self.out_features)
         if bias is not None:
             y += bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -119,9 +119,9 @@ def pack(weight: torch.Tensor) -> bool:
 def one_row_layout():
     """Inside, a matmul of one row uses a second copy of the weight packed by oneDNN for 1 row.
 
-    Against oneDNN's 16-row layout that layout is faster for a single row and slower for several (fp32, 2-core AVX2 EPYC, the
-    0.5B target's linears, median ms: M=1 52 vs 63, M=2 117 vs 71; ar on it 1.10-1.12x faster on
-    16 HumanEval prompts; docs/results/pack-hint/), but it is not row-invariant: it rounds
+    Against oneDNN's 16-row layout that layout is faster for a single row and slower for several
+    (fp32, 2-core AVX2 EPYC, the 0.5B target's linears, median ms: M=1 52 vs 63, M=2 117 vs 71; ar
+    on it 1.10-1.12x faster on 16 HumanEval prompts; docs/results/pack-hint/), but it is not row-invariant: it rounds
     differently (~1 ulp) from the 16-row layout that verification passes use, so it is for plain
     decoding that is not compared bit for bit with a speculative engine (``ar1`` in ``bench
     speculative``). Where fp32 runs on the panels (``d3d.kernels.skinny``), ar on them matched or beat

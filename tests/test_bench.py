@@ -172,7 +172,8 @@ def test_passes_times_fp32_matmuls_side_by_side(tmp_path, monkeypatch):
     bench_main(["passes", "--preset", "qwen3-tiny", "--T", "1", "4", "--repeats", "2", "--dtypes", "float32",
                 "--cpu-matmul", "panels", "onednn", "--out", str(out)])
     rows = json.loads(out.read_text())["results"]
-    assert sorted((r["cpu_matmul"], r["T"]) for r in rows) == [("onednn", 1), ("onednn", 4), ("panels", 1), ("panels", 4)]
+    assert sorted((r["cpu_matmul"], r["T"]) for r in rows) == [("onednn", 1), ("onednn", 4),
+                                                              ("panels", 1), ("panels", 4)]
     assert {r["vs_T1"] for r in rows if r["T"] == 1} == {1.0}  # each layout against its own 1-token pass
     assert "D3D_CPU_MATMUL" not in os.environ  # the choice is restored after loading
 

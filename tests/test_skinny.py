@@ -11,7 +11,8 @@ from d3d import cpu_linear
 from d3d.kernels import skinny
 from d3d.kernels.naive import skinny_matmul_reference
 
-needs_kernel = pytest.mark.skipif(not skinny.available(), reason=f"panel matmul unavailable: {skinny.why_unavailable()}")
+needs_kernel = pytest.mark.skipif(not skinny.available(),
+                                  reason=f"panel matmul unavailable: {skinny.why_unavailable()}")
 
 
 def test_builds_where_the_cpu_and_a_compiler_allow():

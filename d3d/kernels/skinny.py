@@ -24,18 +24,10 @@ from pathlib import Path
 
 import torch
 
+from ..precision import cpu_flags
+
 SOURCE = Path(__file__).with_name("skinny_gemm.cpp")
 PANEL = 16  # columns per panel (skinny_gemm.cpp: NR)
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 @functools.cache
@@ -87,6 +79,12 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     return _load()[0].matmul(x, panels, n)
 
 
+def matmul_packed(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
+    """``matmul`` without the Python checks, for a caller that made ``panels`` with ``pack`` and
+    checked x (``d3d.cpu_linear``: ~170 calls a pass); the extension still checks every shape."""
+    return _load()[0].matmul(x, panels, n)
+
+
 def wanted() -> bool:
     """Whether fp32 CPU matmuls should use this kernel: ``D3D_CPU_MATMUL`` = ``panels`` (yes),
     ``onednn`` (no) or unset/``auto``: yes on AVX2 CPUs without AVX-512, where it was measured
@@ -108,4 +106,4 @@ def _wanted(choice: str) -> bool:  # cached: the warning below is said once
     return True
 
 
-__all__ = ["available", "why_unavailable", "pack", "matmul", "wanted", "PANEL"]
+__all__ = ["available", "why_unavailable", "pack", "matmul", "matmul_packed", "wanted", "PANEL"]
