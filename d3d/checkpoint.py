@@ -18,7 +18,8 @@ from safetensors.torch import save_file
 from .config import ModelConfig
 from .files import atomic, write_json
 from .model import Transformer
-from .precision import DTYPES, resolve_dtype
+from .precision import DTYPES, auto_weights, resolve_dtype
+from .quant import QuantWeight, is_quantized, join, quantize
 
 
 def parse_dtype(dtype: str | torch.dtype | None, what: str = "dtype") -> torch.dtype | None:
@@ -112,7 +113,7 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
                     t = sf.get_tensor(name)
                 except Exception as e:
                     raise ValueError(f"{f}: cannot read tensor {name!r} ({e})") from None
-                shape = wanted.get(name)
+                shape = wanted.get(name)  # None: checked by the caller
                 if shape is not None and tuple(t.shape) != tuple(shape):
                     raise ValueError(f"{f}: tensor {name!r} has shape {tuple(t.shape)}, config.json implies {tuple(shape)}")
                 out[name] = t
@@ -122,40 +123,82 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
 SHARED_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
 
 
-INT8_SCALE = ".int8_scale"  # suffix of the per-row scale of a matrix stored as int8
+QSCALE, QMIN = ".qscale", ".qmin"  # suffixes of a quantized matrix's scales and mins (``d3d.quant``)
+INT8_SCALE = ".int8_scale"  # the per-row scale [N] of drafters saved before QSCALE existed (read only)
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: ``w ≈ q * scale[:, None]``, ``scale = max|w_row| / 127`` (fp32)."""
-    scale = (w.detach().float().abs().amax(dim=1) / 127).clamp_min(1e-12)
-    return (w.detach().float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+def quant_tensors(name: str, w: QuantWeight) -> dict[str, torch.Tensor]:
+    """The file tensors of a quantized matrix stored under the HF name ``name``: ``name`` holds q
+    (int8 [N, K], or uint8 [N, K/2] for int4), ``name.qscale`` [N, K/G] and ``name.qmin`` (int4) fp32."""
+    q, scale, mins = (None if t is None else t.contiguous() for t in w.rowmajor())
+    out = {name: q, name + QSCALE: scale}
+    if mins is not None:
+        out[name + QMIN] = mins
+    return out
+
+
+def _quant_weight(tensors: dict, name: str, shape: tuple[int, ...], where: Path) -> QuantWeight:
+    scale = tensors.get(name + QSCALE)
+    if scale is None:
+        scale = tensors[name + INT8_SCALE].float()[:, None]
+    try:
+        w = QuantWeight(tensors[name], scale, tensors.get(name + QMIN), what=f"{where}: tensor {name!r}")
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    if tuple(w.shape) != tuple(shape):
+        raise ValueError(f"{where}: quantized tensor {name!r} holds {tuple(w.shape)}, config.json implies {tuple(shape)}")
+    return w
 
 
 def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
-               extra: dict[str, tuple[int, ...]] | None = None, int8: bool = False) -> tuple[dict, dict]:
+               extra: dict[str, tuple[int, ...]] | None = None, keep_quantized: bool = False) -> tuple[dict, dict]:
     """Read the weights of ``cfg`` from ``path`` through the name map, shape-checked.
 
     skip: our parameter names not stored in the files (a drafter's shared embedding/LM head).
     extra: further HF tensors (name -> shape) the files must hold (a DFlash projection).
-    int8: matrices are stored as int8 with a per-row scale (``save_model(int8=True)``);
-    they are dequantized to fp32 here.
+    Quantized matrices (``name`` + ``.qscale``/``.qmin``, or a drafter's ``.int8_scale``) are
+    recognised by their tensors: with ``keep_quantized`` they come back as ``d3d.quant`` matrices
+    (fused projections joined by ``quant.join``), else dequantized to fp32.
     Returns ``(state under our names with fused projections joined, extra tensors)``.
     """
     nmap = {k: v for k, v in name_map(cfg).items() if k not in skip}
-    wanted = {hf: shape for parts in nmap.values() for hf, shape in parts}
-    scales = {hf + INT8_SCALE: shape[:1] for hf, shape in wanted.items() if len(shape) == 2} if int8 else {}
-    wanted.update(scales)
-    wanted.update(extra or {})
+    wanted: dict[str, tuple[int, ...] | None] = {hf: shape for parts in nmap.values() for hf, shape in parts}
+    names = set(weight_files(path))
+    quantized = {hf: shape for hf, shape in wanted.items()
+                 if len(shape) == 2 and (hf + QSCALE in names or hf + INT8_SCALE in names)}
     optional = {"lm_head.weight"} if cfg.tie_word_embeddings and not skip else set()  # a tied copy may be stored
+    for hf in quantized:
+        wanted[hf] = None  # q's shape depends on the format: checked below
+        wanted[hf + (QSCALE if hf + QSCALE in names else INT8_SCALE)] = None
+        optional.add(hf + QMIN)
+    wanted.update(extra or {})
     tensors = read_tensors(path, wanted, optional)
-    for name in scales:
-        w = tensors[name.removesuffix(INT8_SCALE)]
-        if w.dtype != torch.int8:
-            raise ValueError(f"{path}: tensor {name.removesuffix(INT8_SCALE)!r} is {w.dtype}, int8 storage expected")
-        tensors[name.removesuffix(INT8_SCALE)] = w.float() * tensors[name].float()[:, None]
-    state = {ours: torch.cat([tensors[hf] for hf, _ in parts]) if len(parts) > 1 else tensors[parts[0][0]]
-             for ours, parts in nmap.items()}
-    return state, {k: tensors[k] for k in (extra or {})}
+    for hf, shape in quantized.items():  # into panels one matrix at a time, freeing the file's copy
+        w = _quant_weight(tensors, hf, shape, path)
+        for suffix in (QSCALE, QMIN, INT8_SCALE):
+            tensors.pop(hf + suffix, None)
+        tensors[hf] = w
+    state = {}
+    for ours, parts in nmap.items():
+        ws = [tensors.pop(hf) for hf, _ in parts]
+        if any(hf in quantized for hf, _ in parts):
+            if not all(hf in quantized for hf, _ in parts):
+                raise ValueError(f"{path}: {', '.join(hf for hf, _ in parts)} are fused into one matrix, but only "
+                                 f"some of them are quantized")
+            w = join(ws)
+            state[ours] = w if keep_quantized else w.dequantize()
+        else:
+            state[ours] = torch.cat(ws) if len(ws) > 1 else ws[0]
+    extras = {k: tensors[k] for k in (extra or {})}
+    if quantized:  # the dense rest gets memory of its own: a view would keep the whole file mapped
+        state = {k: v if is_quantized(v) else v.clone() for k, v in state.items()}
+        extras = {k: v.clone() for k, v in extras.items()}
+    return state, extras
+
+
+def is_quantized_checkpoint(path: Path) -> bool:
+    """Whether the checkpoint directory ``path`` stores quantized matrices."""
+    return any(n.endswith((QSCALE, INT8_SCALE)) for n in weight_files(Path(path)))
 
 
 def load_model(
@@ -163,23 +206,35 @@ def load_model(
     dtype: str | torch.dtype | None = "auto",
     device: str | torch.device = "cpu",
     cfg: ModelConfig | None = None,
+    weights: str = "auto",
 ) -> Transformer:
     """Load a Qwen3/Qwen2 checkpoint directory into a ``Transformer`` in eval mode.
 
     dtype: ``"auto"`` (default): the dtype policy of ``d3d.precision`` — bf16 on a CPU with fast
         bf16 matmuls, fp32 on other CPUs, the checkpoint's dtype on a GPU.
+    weights: how the matrices are held (``d3d.precision.auto_weights``): ``"auto"`` (default) keeps a
+        quantized checkpoint quantized and gives a dense one int8 where that is faster on this CPU;
+        ``"fp32"``/``"bf16"`` dense (a quantized checkpoint is dequantized); ``"int8"``/``"int4"``
+        quantize dense matrices (a quantized checkpoint keeps its own blocks). Quantized models
+        compute in fp32 on a CPU.
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a directory (expected a HF checkpoint directory)")
     cfg = cfg or ModelConfig.load(path)
     device = torch.device(device)
-    dtype = resolve_dtype(dtype, device, cfg.torch_dtype)
-    state, _ = read_state(path, cfg)
+    choice = auto_weights(weights, dtype, device, cfg, is_quantized_checkpoint(path))
+    dense = choice.weights if choice.weights in DTYPES else dtype
+    dtype = torch.float32 if choice.quantized else resolve_dtype(dense, device, cfg.torch_dtype)
+    state, _ = read_state(path, cfg, keep_quantized=choice.quantized)
     with torch.device("meta"):
         model = Transformer(cfg)
+    for name in [n for n, v in state.items() if is_quantized(v) or (choice.quantizes and v.dim() == 2)]:
+        w = state.pop(name)
+        model.set_weight(name, w if is_quantized(w) else quantize(w, choice.weights))
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
+    model.weights_choice = choice
     return model.eval().requires_grad_(False).pack_for_cpu()
 
 
@@ -206,8 +261,8 @@ def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | 
     ``exclude``: HF tensor names to leave out (a drafter's shared embedding, for instance).
     ``extra``: further tensors to store under their own names (floating ones cast to ``dtype``,
     integer ones kept as they are: a drafting vocabulary, a DFlash projection).
-    ``int8``: store every matrix as int8 + a per-row fp32 scale (``quantize_int8``); vectors keep
-    ``dtype``. Read back with ``read_state(..., int8=True)``.
+    ``int8``: store every matrix as int8 + a per-row fp32 scale (``d3d.quant.quantize``); vectors
+    keep ``dtype``. ``read_state`` recognises them.
     ``config_extra``: further top-level ``config.json`` entries (a drafter's own settings).
     Every file is written atomically (``d3d.files``).
     """
@@ -219,7 +274,7 @@ def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | 
         if k in exclude:
             continue
         if int8 and v.dim() == 2:
-            tensors[k], tensors[k + INT8_SCALE] = quantize_int8(v.cpu())
+            tensors.update(quant_tensors(k, quantize(v.cpu(), "int8")))
         else:
             tensors[k] = v.detach().to("cpu", dtype).contiguous()
     for k, v in (extra or {}).items():

@@ -104,7 +104,7 @@ def packs(dtype: torch.dtype) -> bool:
 
 def pack(weight: torch.Tensor) -> bool:
     """Register ``weight`` for packed matmuls; False (nothing done) where packing does not apply."""
-    if weight.device.type != "cpu" or weight.dim() != 2:
+    if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu" or weight.dim() != 2:
         return False
     panels = weight.dtype == torch.float32 and skinny.wanted()
     if not panels and not packs(weight.dtype):
@@ -143,7 +143,10 @@ def _one_row_copy(weight: torch.Tensor) -> PackedWeight:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` when it has one."""
+    """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` when it has one, or the
+    quantized kernel when ``weight`` is a ``d3d.quant`` matrix."""
+    if not isinstance(weight, torch.Tensor):
+        return weight.linear(x, bias)
     p = None if torch.is_grad_enabled() else getattr(weight, ATTR, None)
     if p is None or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_linear
 from .cache import KVCache, make_layout
 from .checkpoint import SHARED_EMBEDDINGS, read_state, save_model
 from .config import ModelConfig
@@ -147,7 +147,7 @@ class DFlashDrafter(nn.Module):
         ids[:, 0] = torch.tensor(anchors, device=dev)
         layout = make_layout(rows, [blk] * n, [cache.lengths[r] for r in rows], dev, [[0] * blk] * n)
         h = self.block_forward(ids.flatten(), layout, cache.k, cache.v).view(n, blk, -1)[:, 1:]
-        return F.linear(h, self.model.output_weight()).argmax(-1)
+        return cpu_linear.linear(h, self.model.output_weight()).argmax(-1)
 
 
 # ----------------------------------------------------------------------------- files

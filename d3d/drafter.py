@@ -36,7 +36,8 @@ from .cache import KVCache
 from .checkpoint import SHARED_EMBEDDINGS, parse_dtype, read_state, save_model
 from .config import ModelConfig
 from .kernels.denoise import denoise_step
-from .model import Transformer
+from .model import Transformer, quant_linear
+from .quant import is_quantized, quantize
 from .precision import resolve_dtype
 
 RULES = ("threshold", "topk", "all")
@@ -275,11 +276,15 @@ def drafter_model_config(target: ModelConfig, num_layers: int, dcfg: DrafterConf
     return target.replace(num_hidden_layers=num_layers, extra={"d3d": asdict(dcfg)})
 
 
-def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None, device=None) -> Drafter:
+def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None, device=None,
+                 weights: str = "auto") -> Drafter:
     """Load a drafter directory (HF-style ``config.json`` with a ``d3d`` section + safetensors).
 
     With ``shared_embeddings`` the file holds no embedding/LM head: they are the ``target``'s
     (which is then required). The drafter's vocabulary must match the target's.
+    weights: ``"auto"`` follows the target: next to a quantized target the drafter's matrices are
+    quantized too (int4 beside an int4 target, else int8; a drafter stored as int8 keeps its own
+    scales), else dense; or ``"int8"``, ``"int4"``, ``"dense"``.
     """
     path = Path(path)
     if not path.is_dir():
@@ -300,10 +305,16 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     device = torch.device(device) if device is not None else (target.device if target is not None else torch.device("cpu"))
     dtype = parse_dtype(dtype) or (target.dtype if target is not None else resolve_dtype("auto", device, cfg.torch_dtype))
     K = dcfg.draft_vocab_size
+    fmt = drafter_weights(weights, target, device)
+    if fmt is not None:
+        dtype = torch.float32
     state, extra = read_state(path, cfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
-                              extra={DRAFT_VOCAB: (K,)} if K else None, int8=dcfg.int8_weights)
+                              extra={DRAFT_VOCAB: (K,)} if K else None, keep_quantized=fmt is not None)
     with torch.device("meta"):
         model = Transformer(cfg)
+    for name in [n for n, v in state.items() if is_quantized(v) or (fmt is not None and v.dim() == 2)]:
+        w = state.pop(name)
+        model.set_weight(name, w if is_quantized(w) else quantize(w, fmt))
     state = {k: v.to(device, dtype) for k, v in state.items()}
     if dcfg.shared_embeddings:
         model.embed_tokens = target.embed_tokens
@@ -335,8 +346,23 @@ def check_draft_vocab(ids: torch.Tensor, vocab_size: int, what: str) -> torch.Te
     return ids
 
 
+def drafter_weights(weights: str, target: Transformer | None, device) -> str | None:
+    """The quantized format of a drafter's matrices (``load_drafter(weights=...)``), or None for dense."""
+    if weights not in ("auto", "int8", "int4", "dense"):
+        raise ValueError(f"weights={weights!r}: expected auto, int8, int4 or dense")
+    if weights == "auto":
+        if target is None or target.weights == str(target.dtype).removeprefix("torch."):
+            return None
+        weights = "int4" if target.weights == "int4" else "int8"
+    if weights != "dense" and torch.device(device).type != "cpu":
+        raise ValueError(f"weights={weights!r}: quantized drafters run on a CPU only, not {device}")
+    return None if weights == "dense" else weights
+
+
 def draft_head(target: Transformer, vocab_map: torch.Tensor) -> torch.nn.Linear:
     """An LM head over the drafting vocabulary: the target's output rows for ``vocab_map`` (a copy)."""
+    if is_quantized(target.output_weight()):
+        return quant_linear(target.output_weight().select(vocab_map))
     w = target.output_weight().detach()[vocab_map.to(target.device)].clone()
     head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
     head.weight = torch.nn.Parameter(w, requires_grad=False)

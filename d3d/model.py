@@ -24,6 +24,7 @@ from .cache import KVCache, PassLayout
 from .config import ModelConfig
 from .kernels import use_triton
 from .kernels.attention import attend_torch, packed_attention
+from .quant import is_quantized
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -99,6 +100,27 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_linear.linear(x, self.weight, self.bias)
+
+
+def quant_linear(weight) -> Linear:
+    """A ``Linear`` without bias holding a quantized matrix (``d3d.quant``)."""
+    with torch.device("meta"):
+        layer = Linear(weight.shape[1], weight.shape[0], bias=False)
+    del layer._parameters["weight"]
+    layer.weight = weight
+    return layer
+
+
+class QuantEmbedding(nn.Module):
+    """The token embedding as a quantized matrix (``d3d.quant``): a lookup dequantizes only the rows it reads."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.dequantize(ids.reshape(-1)).view(*ids.shape, self.embedding_dim)
 
 
 class Attention(nn.Module):
@@ -194,11 +216,20 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The activations' dtype (fp32 when the matrices are quantized: ``d3d.quant``)."""
+        return self.norm.weight.dtype
+
+    @property
+    def weights(self) -> str:
+        """How the matrices are stored: the dtype's name, or the quantized formats (``int8``, ``int4``, ``int4+int8``)."""
+        formats = {m.weight.format for m in self.modules() if hasattr(m, "weight") and is_quantized(m.weight)}
+        if not formats:
+            return str(self.dtype).removeprefix("torch.")
+        return "+".join(sorted({f for fmt in formats for f in fmt.split("+")}, reverse=True))
 
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -220,10 +251,23 @@ class Transformer(nn.Module):
         """Prepack every matrix for CPU inference (``d3d.cpu_linear``: 1.3-5x faster skinny
         matmuls, a second copy of the weights); a no-op off CPU or without oneDNN."""
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) and isinstance(module.weight, torch.Tensor):
                 cpu_linear.pack(module.weight)
-        cpu_linear.pack(self.output_weight())
+        if isinstance(self.output_weight(), torch.Tensor):
+            cpu_linear.pack(self.output_weight())
         return self
+
+    def set_weight(self, name: str, weight) -> None:
+        """Put a quantized matrix (``d3d.quant``) where the parameter ``name`` (ours, e.g.
+        ``layers.0.mlp.down_proj.weight`` or ``embed_tokens.weight``) is."""
+        if name == "embed_tokens.weight":
+            self.embed_tokens = QuantEmbedding(weight)
+            return
+        module = self.get_submodule(name.removesuffix(".weight"))
+        if not isinstance(module, Linear) or tuple(weight.shape) != tuple(module.weight.shape):
+            raise ValueError(f"{name}: a {tuple(weight.shape)} matrix cannot replace {module}")
+        module._parameters.pop("weight", None)
+        module.weight = weight  # a plain attribute: Linear.forward hands it to cpu_linear.linear
 
     def new_cache(self, rows: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         return KVCache(self.cfg, rows, max_len, dtype or self.cache_dtype, self.device)

@@ -127,4 +127,161 @@ def resolve_dtype(dtype, device: torch.device | str = "cpu", checkpoint_dtype: s
     return DTYPES[dtype]
 
 
-__all__ = ["DtypeChoice", "DTYPES", "auto_dtype", "resolve_dtype", "decide_cpu", "cpu_flags", "probe_matmul_ms"]
+
+
+
+# ---------------------------------------------------------------- the weights policy
+
+WEIGHTS = {"auto": "auto", "dense": "dense", "fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+           "fp16": "float16", "float16": "float16", "int8": "int8", "int4": "int4"}
+PROBE_SHAPE = (2048, 1024)  # one probe matrix; the probe streams enough of them to leave the last-level cache
+
+
+@dataclass(frozen=True)
+class WeightsChoice:
+    """How ``load_model`` holds the matrices (recorded in bench JSON): a dense dtype's name, ``int8``,
+    ``int4``, or ``checkpoint`` (a quantized checkpoint's own blocks)."""
+
+    weights: str
+    reason: str
+    probe_ms: dict | None = None  # {"dense": ms, "int8": ms}: the streaming probe, where it ran
+
+    @property
+    def quantized(self) -> bool:
+        return self.weights in ("int8", "int4", "checkpoint")
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether dense matrices of the checkpoint are quantized at load."""
+        return self.weights in ("int8", "int4")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def llc_bytes() -> int:
+    """The last-level cache of this CPU in bytes (32 MiB where sysfs does not say)."""
+    for index in (3, 2):
+        try:
+            text = open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        return int(text.rstrip("KMG")) * unit
+    return 32 << 20
+
+
+def probe_weights_ms(dtype: torch.dtype, llc: int, rows: tuple[int, ...] = (1, 8), repeats: int = 3) -> dict:
+    """Median ms to stream matrices totalling twice the last-level cache, dense (``dtype``, packed as
+    ``d3d.cpu_linear`` does) vs int8 (``d3d.quant``), summed over 1- and 8-row products (decoding
+    steps and verification passes)."""
+    from . import cpu_linear
+    from .quant import quantize
+
+    n, k = PROBE_SHAPE
+    count = max(2, min(32, -(-2 * llc // (n * k * torch.finfo(dtype).bits // 8))))
+    dense = [torch.randn(n, k).to(dtype) for _ in range(count)]
+    int8 = [quantize(w, "int8") for w in dense]
+    for w in dense:
+        cpu_linear.pack(w)
+    out = {}
+    for name, ws in (("dense", dense), ("int8", int8)):
+        total = 0.0
+        for r in rows:
+            x = torch.randn(r, k).to(dtype if name == "dense" else torch.float32)
+            times = []
+            for _ in range(repeats + 1):
+                t = time.perf_counter()
+                for w in ws:
+                    cpu_linear.linear(x, w)
+                times.append(time.perf_counter() - t)
+            total += sorted(times[1:])[len(times[1:]) // 2] * 1e3
+        out[name] = total
+    return out
+
+
+def decide_weights(dense_bytes: int, llc: int, kernel: str | None, probe) -> WeightsChoice:
+    """The CPU decision for a dense checkpoint: int8 where its matrices do not fit the last-level
+    cache (decoding then streams them from memory, and int8 reads 2-4x fewer bytes) and the probe
+    confirms int8 is faster; the dtype policy's dense weights otherwise. ``kernel``: why the int8
+    kernel is unavailable, or None. Separate from the probe so tests can mock both."""
+    if kernel is not None:
+        return WeightsChoice("dense", f"the int8 kernel is unavailable ({kernel})")
+    if dense_bytes <= llc:
+        return WeightsChoice("dense", f"the matrices ({dense_bytes / 2**20:.0f} MiB) fit the last-level cache "
+                                      f"({llc / 2**20:.0f} MiB): bytes are not what a pass waits for")
+    ms = probe()
+    if ms["int8"] < ms["dense"]:
+        return WeightsChoice("int8", f"streaming int8 is {ms['dense'] / ms['int8']:.1f}x faster than dense on this "
+                                     f"CPU", ms)
+    return WeightsChoice("dense", f"streaming int8 is not faster than dense on this CPU "
+                                  f"({ms['int8']:.1f} vs {ms['dense']:.1f} ms)", ms)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_weights(dense_bytes_bucket: int, dtype_name: str) -> WeightsChoice:
+    from .kernels import quant as kernel
+
+    llc = llc_bytes()
+    kernel_why = None if kernel.available() else kernel.why_unavailable()
+    return decide_weights(dense_bytes_bucket, llc, kernel_why, lambda: probe_weights_ms(DTYPES[dtype_name], llc))
+
+
+def auto_weights(weights: str, dtype, device: torch.device | str, cfg, checkpoint_quantized: bool) -> WeightsChoice:
+    """How to hold the matrices of a checkpoint (``load_model(weights=...)``, CLI ``--weights``).
+
+    1. ``weights`` names a choice: fp32/bf16/fp16 or dense (the dtype policy's, or ``dtype``'s; a
+       quantized checkpoint is dequantized), int8/int4 (dense matrices quantized at load; a
+       quantized checkpoint keeps its blocks). ``D3D_WEIGHTS`` in the environment does the same
+       for ``"auto"`` (an explicit ``dtype`` wins over it).
+    2. ``"auto"``: a quantized checkpoint keeps its blocks; a dense one gets ``decide_weights``'s
+       choice on a CPU when ``dtype`` is left to the policy; otherwise the dtype policy.
+    Quantized weights need the CPU kernel (``d3d.kernels.quant``): where it is missing, or off a
+    CPU, they are dequantized with a warning.
+    """
+    device = torch.device(device)
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
+    forced = os.environ.get("D3D_WEIGHTS", "").strip()
+    if weights == "auto" and forced and forced != "auto":
+        if forced not in WEIGHTS:
+            raise ValueError(f"D3D_WEIGHTS={forced!r}: expected auto or one of {', '.join(WEIGHTS)}")
+        weights, how = forced, "forced by D3D_WEIGHTS"
+    else:
+        how = "asked for"
+    want = WEIGHTS[weights]
+    dtype_auto = dtype is None or dtype == "auto"
+    if want == "dense":
+        return WeightsChoice("dense", how)
+    if want in ("float32", "bfloat16", "float16"):
+        if not dtype_auto and resolve_dtype(dtype) != DTYPES[want]:
+            if how != "asked for":  # the environment yields to an explicit dtype
+                return WeightsChoice("dense", "dtype given")
+            raise ValueError(f"weights={weights!r} and dtype={dtype!r} disagree; give one of them")
+        return WeightsChoice(want, how)
+    if want in ("int8", "int4") or (want == "auto" and checkpoint_quantized):
+        why = _why_no_quant(device)
+        if why is None:
+            if want == "auto":
+                return WeightsChoice("checkpoint", "the checkpoint is quantized: its blocks are kept")
+            return WeightsChoice(want, how + (" (the checkpoint's own blocks are kept)" if checkpoint_quantized else ""))
+        import warnings
+
+        warnings.warn(f"d3d: quantized weights {why}; dequantizing to dense", stacklevel=3)
+        return WeightsChoice("dense", f"quantized weights {why}")
+    if not dtype_auto or device.type != "cpu":
+        return WeightsChoice("dense", "dtype given" if not dtype_auto else f"{device.type}: the dtype policy")
+    name = auto_dtype(device, cfg.torch_dtype).dtype
+    dense_bytes = cfg.num_parameters() * torch.finfo(DTYPES[name]).bits // 8
+    return _cpu_weights(dense_bytes, name)
+
+
+def _why_no_quant(device: torch.device) -> str | None:
+    if device.type != "cpu":
+        return f"run on a CPU only, not {device.type}"
+    from .kernels import quant as kernel
+
+    return None if kernel.available() else f"need the CPU kernel ({kernel.why_unavailable()})"
+
+__all__ = ["DtypeChoice", "DTYPES", "auto_dtype", "resolve_dtype", "decide_cpu", "cpu_flags", "probe_matmul_ms",
+           "WeightsChoice", "WEIGHTS", "auto_weights", "decide_weights", "probe_weights_ms", "llc_bytes"]

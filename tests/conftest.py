@@ -19,6 +19,9 @@ if not _cuda:
 # the dtype policy would pick bf16 on a CPU with fast bf16 matmuls, where a 16-row and a 1-row
 # pass may round a near-tie differently. tests/test_precision.py tests the policy itself.
 os.environ.setdefault("D3D_DTYPE", "float32")
+# ... and with dense weights (the weights policy could pick int8 for a model that outgrows the
+# cache); tests/test_quant.py loads quantized models by asking for them.
+os.environ.setdefault("D3D_WEIGHTS", "dense")
 
 import pytest  # noqa: E402
 

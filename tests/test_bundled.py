@@ -80,7 +80,7 @@ def test_bundled_qwen_drafter_files():
     assert dcfg.shared_embeddings and 0 < dcfg.draft_vocab_size < cfg.vocab_size
     assert 2 <= cfg.num_hidden_layers <= 4
     state, extra = read_state(QWEN_DRAFTER, cfg, skip=SHARED_EMBEDDINGS, extra={DRAFT_VOCAB: (dcfg.draft_vocab_size,)},
-                              int8=dcfg.int8_weights)
+                              )
     ids = check_draft_vocab(extra[DRAFT_VOCAB], cfg.vocab_size, DRAFT_VOCAB)
     assert 151645 in set(ids.tolist())  # it can draft <|im_end|>, the end of a turn
     assert all(torch.isfinite(t.float()).all() for t in state.values())

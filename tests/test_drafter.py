@@ -301,7 +301,7 @@ def test_int8_storage_round_trip(tmp_path):
     name = "model.layers.1.self_attn.o_proj.weight"
     tensors[name] = tensors[name].float()
     save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="o_proj.weight.*int8 storage expected"):
+    with pytest.raises(ValueError, match="o_proj.weight.*q must be 2-D int8"):
         load_drafter(tmp_path, target=target)
 
 

@@ -10,7 +10,8 @@ import math
 
 import torch
 
-__all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_matmul_reference"]
+__all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_matmul_reference",
+           "quant_matmul_reference"]
 
 
 def packed_attention_reference(
@@ -92,3 +93,25 @@ def skinny_matmul_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     for k in range(x.shape[1]):
         acc = (acc + x64[:, k, None] * w64[None, :, k]).float().double()
     return acc.float()
+
+
+def quant_matmul_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None,
+                           bits: int) -> torch.Tensor:
+    """The int8/int4 kernel of ``d3d.kernels.quant``, by loops: each weight dequantized element by element
+    (w = fl(q s), int4: fl(fl(q s) - m)), then the fp32 fma chain of ``skinny_matmul_reference``.
+    q row-major [N, K] int8 or [N, K/2] uint8 (k even in the low nibble), s/m [N, K/G] fp32."""
+    N, K = q.shape[0], x.shape[1]
+    group = K // s.shape[1]
+    w = torch.empty(N, K, dtype=torch.float32)
+    for n in range(N):
+        for k in range(K):
+            if bits == 8:
+                qv = int(q[n, k])
+            else:
+                byte = int(q[n, k // 2])
+                qv = byte & 15 if k % 2 == 0 else byte >> 4
+            v = torch.tensor(qv, dtype=torch.float32) * s[n, k // group]
+            if m is not None:
+                v = v - m[n, k // group]
+            w[n, k] = v
+    return skinny_matmul_reference(x, w)

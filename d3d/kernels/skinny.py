@@ -9,8 +9,7 @@ Why a C++ kernel beside the Triton ones: Triton has no CPU backend outside the i
 oneDNN's fp32 kernels use the memory bus poorly at 2-8 rows, the verification passes of speculative
 decoding (2-core AVX2 EPYC, gate-up 9728x896 from DRAM, GB/s of weights streamed: 4 rows 27.6 vs
 oneDNN's 20.0, 8 rows 20.9 vs 16.2, 1 row 25.6 vs 27.6). The extension is compiled on first use with
-the system C++ compiler through ``torch.utils.cpp_extension`` (~35 s on 2 cores, cached under
-``$TORCH_EXTENSIONS_DIR``); where that fails, ``available()`` says why and d3d keeps oneDNN.
+the system C++ compiler (``d3d.kernels.cpp``); where that fails, ``available()`` says why and d3d keeps oneDNN.
 
 Torch reference: ``F.linear`` (same value up to rounding). Loop oracle: ``naive.skinny_matmul_reference``.
 """
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..precision import cpu_flags
+from .cpp import AVX2_FLAGS, build
 
 SOURCE = Path(__file__).with_name("skinny_gemm.cpp")
 PANEL = 16  # columns per panel (skinny_gemm.cpp: NR)
@@ -33,17 +33,7 @@ PANEL = 16  # columns per panel (skinny_gemm.cpp: NR)
 @functools.cache
 def _load():
     """(module, None) or (None, why not)."""
-    missing = {"avx2", "fma"} - cpu_flags()
-    if missing:
-        return None, f"this CPU lacks {' and '.join(sorted(missing))}"
-    try:
-        from torch.utils.cpp_extension import load
-
-        module = load(name="d3d_skinny_gemm", sources=[str(SOURCE)], verbose=False,
-                      extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
-    except Exception as e:  # no compiler, no ninja, a failed build: oneDNN stays
-        return None, f"building {SOURCE.name} failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]})"
-    return module, None
+    return build("d3d_skinny_gemm", SOURCE, AVX2_FLAGS)
 
 
 def available() -> bool:

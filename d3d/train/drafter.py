@@ -364,7 +364,7 @@ def saved_drafter_weights(path: str, cfg: DrafterTrainConfig, mask_id: int) -> t
                          f"but this run trains {ours}: pass the same --num-layers, --block-size, --draft-vocab")
     K = dcfg.draft_vocab_size
     state, extra = read_state(Path(path), mcfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
-                              extra={DRAFT_VOCAB: (K,)} if K else None, int8=dcfg.int8_weights)
+                              extra={DRAFT_VOCAB: (K,)} if K else None)
     return {k: v.float() for k, v in state.items()}, extra[DRAFT_VOCAB] if K else None
 
 

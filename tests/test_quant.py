@@ -1,0 +1,339 @@
+"""Quantized weights (d3d.quant, d3d.kernels.quant): the kernel computes the fp32 panel chain on the
+dequantized matrix bit for bit (AVX2 and AVX-512 alike), every row count rounds each row alike, GGUF
+blocks are kept without re-quantization error, and speculative decoding on quantized weights is
+token-exact against AR on the same weights."""
+
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import d3d
+from d3d import precision
+from d3d.kernels import quant as kernel
+from d3d.kernels.naive import quant_matmul_reference, skinny_matmul_reference
+from d3d.quant import QuantWeight, Stacked, join, quantize
+
+needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"quant kernel unavailable: {kernel.why_unavailable()}")
+ISAS = ["avx2"] + (["avx512"] if "avx512f" in precision.cpu_flags() else [])
+
+
+def test_builds_where_the_cpu_and_a_compiler_allow():
+    """Not a silent skip: on an AVX2+FMA CPU with a C++ compiler the kernel must build."""
+    if {"avx2", "fma"} <= precision.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
+        assert kernel.available(), kernel.why_unavailable()
+    else:
+        assert not kernel.available() and kernel.why_unavailable()
+
+
+def random_format(bits, n, k, group, g):
+    if bits == 8:
+        return torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, k // group, generator=g), None
+    return (torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g), torch.rand(n, k // group, generator=g),
+            torch.randn(n, k // group, generator=g))
+
+
+def panels(q, s, m):
+    return kernel.to_panels(q), kernel.to_panels(s), None if m is None else kernel.to_panels(m)
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("M,N,K,group", [(1, 1, 32, 32), (3, 17, 64, 16), (7, 33, 300, 60), (13, 16, 512, 32),
+                                         (2, 50, 544, 544), (6, 48, 64, 64), (25, 37, 128, 32)])
+def test_equals_the_fp32_chain_on_the_dequantized_matrix(isa, bits, M, N, K, group):
+    """K = 300, 512, 544 cross the 256-wide k blocks; group = K is one scale per row."""
+    g = torch.Generator().manual_seed(M * 1000 + N * 10 + K + bits)
+    x = torch.randn(M, K, generator=g)
+    q, s, m = random_format(bits, N, K, group, g)
+    got = kernel.matmul(x, *panels(q, s, m), N, bits, isa=isa)
+    w = kernel.dequantize(q, s, m, bits)
+    assert got.shape == (M, N) and torch.equal(got, skinny_matmul_reference(x, w))
+    torch.testing.assert_close(got.double(), x.double() @ w.double().T, atol=1e-3 * K ** 0.5, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_loop_oracle(bits):
+    g = torch.Generator().manual_seed(bits)
+    x = torch.randn(3, 64, generator=g)
+    q, s, m = random_format(bits, 5, 64, 32, g)
+    assert torch.equal(kernel.matmul(x, *panels(q, s, m), 5, bits), quant_matmul_reference(x, q, s, m, bits))
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("N,K", [(37, 32), (96, 896), (200, 640)])
+def test_every_row_count_rounds_each_row_alike(bits, N, K):
+    """Row invariance (what keeps speculative output equal to AR): any row count, tile or order."""
+    g = torch.Generator().manual_seed(N + K + bits)
+    x = torch.randn(26, K, generator=g)
+    w = panels(*random_format(bits, N, K, 32, g))
+    full = kernel.matmul(x, *w, N, bits)
+    for isa in ISAS:
+        for M in range(1, 27):
+            assert torch.equal(kernel.matmul(x[:M], *w, N, bits, isa=isa), full[:M]), (isa, M)
+    for i in range(26):
+        assert torch.equal(kernel.matmul(x[i:i + 1], *w, N, bits), full[i:i + 1]), i
+    perm = torch.randperm(26, generator=g)
+    assert torch.equal(kernel.matmul(x[perm], *w, N, bits), full[perm])
+
+
+@needs_kernel
+def test_thread_count_does_not_change_a_bit():
+    x = torch.randn(9, 128)
+    w = panels(*random_format(4, 300, 128, 32, torch.Generator().manual_seed(1)))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel.matmul(x, *w, 300, 4)
+        torch.set_num_threads(2)
+        two = kernel.matmul(x, *w, 300, 4)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+@needs_kernel
+def test_zero_rows_and_non_contiguous_input():
+    w = panels(*random_format(8, 20, 64, 32, torch.Generator().manual_seed(2)))
+    assert kernel.matmul(torch.randn(0, 64), *w, 20, 8).shape == (0, 20)
+    x = torch.randn(64, 5).T  # non-contiguous
+    assert torch.equal(kernel.matmul(x, *w, 20, 8), kernel.matmul(x.contiguous(), *w, 20, 8))
+
+
+@needs_kernel
+def test_named_argument_errors():
+    q, s, m = panels(*random_format(4, 20, 64, 32, torch.Generator().manual_seed(3)))
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="bits must be 8 or 4"):
+        kernel.matmul(x, q, s, m, 20, 5)
+    with pytest.raises(ValueError, match="x must be a 2-D fp32"):
+        kernel.matmul(x.double(), q, s, m, 20, 4)
+    with pytest.raises(ValueError, match="q must be"):
+        kernel.matmul(torch.randn(2, 32), q, s, m, 20, 4)
+    with pytest.raises(ValueError, match="int4 needs mins"):
+        kernel.matmul(x, q, s, None, 20, 4)
+    with pytest.raises(ValueError, match="n=40 does not fit 2 panels"):
+        kernel.matmul(x, q, s, m, 40, 4)
+    with pytest.raises(ValueError, match="isa='sse'"):
+        kernel.matmul(x, q, s, m, 20, 4, isa="sse")
+    with pytest.raises(ValueError, match="int4 groups must be even"):
+        QuantWeight(torch.zeros(2, 3, dtype=torch.uint8), torch.ones(2, 2), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="scale .* does not fit"):
+        QuantWeight(torch.zeros(2, 64, dtype=torch.int8), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="groups of 32 do not divide"):
+        quantize(torch.randn(4, 48), "int4")
+
+
+def test_panels_round_trip_and_row_lookup():
+    t = torch.arange(37 * 5, dtype=torch.float32).view(37, 5)
+    p = kernel.to_panels(t)
+    assert p.shape == (3, 5, 16) and torch.equal(kernel.from_panels(p, 37), t)
+    assert p[2, :, 5:].abs().sum() == 0  # zero past N
+    rows = torch.tensor([36, 0, 17, 17])
+    assert torch.equal(kernel.from_panels(p, 37, rows), t[rows])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantize_error_bounds_select_and_embedding_rows(fmt):
+    w = torch.randn(40, 96)
+    qw = quantize(w, fmt)
+    deq = qw.dequantize()
+    if fmt == "int8":  # symmetric per row: within half a step of max|w| / 127
+        bound = w.abs().amax(dim=1, keepdim=True) / 127 / 2
+    else:  # groups of 32: within half a step of (max - min) / 15
+        g = w.view(40, 3, 32)
+        bound = ((g.amax(-1) - g.amin(-1)) / 15 / 2).repeat_interleave(32, dim=1)
+    assert ((deq - w).abs() <= bound * (1 + 1e-5) + 1e-7).all()
+    rows = torch.tensor([39, 3, 3])
+    assert torch.equal(qw.dequantize(rows), deq[rows])
+    sub = qw.select(rows)
+    assert sub.shape == (3, 96) and torch.equal(sub.dequantize(), deq[rows])
+    assert qw.nbytes < w.numel() * w.element_size() / (3 if fmt == "int8" else 4)
+
+
+@needs_kernel
+def test_join_refines_groups_exactly_and_stacks_mixed_formats():
+    g = torch.Generator().manual_seed(4)
+    a = QuantWeight(*random_format(8, 16, 64, 32, g))
+    b = QuantWeight(*random_format(8, 8, 64, 16, g))
+    c = QuantWeight(*random_format(4, 8, 64, 32, g))
+    ab = join([a, b])
+    assert isinstance(ab, QuantWeight) and ab.group == 16
+    assert torch.equal(ab.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    abc = join([a, b, c])
+    assert isinstance(abc, Stacked) and abc.shape == (32, 64) and abc.format == "int4+int8"
+    x = torch.randn(3, 64)
+    assert torch.equal(abc.linear(x), torch.cat([a.linear(x), b.linear(x), c.linear(x)], dim=-1))
+    for i in range(3):
+        assert torch.equal(abc.linear(x[i:i + 1]), abc.linear(x)[i:i + 1])
+
+
+# ---------------------------------------------------------------- GGUF blocks
+
+gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed (pip install -e '.[gguf]')")
+
+
+def random_blocks(kind, n, k, rng):
+    """Random raw blocks of ``kind`` with finite fp16 scale fields (random bytes elsewhere)."""
+    from d3d.gguf import BLOCKS
+
+    nbytes, per, _ = BLOCKS[kind]
+    blocks = rng.integers(0, 256, size=(n * k // per, nbytes), dtype=np.uint8)
+    f16 = {"Q6_K": [208], "Q4_K": [0, 2], "Q4_1": [0, 2]}.get(kind, [0])
+    for off in f16:
+        vals = rng.uniform(-1, 1, blocks.shape[0]).astype(np.float16)
+        blocks[:, off:off + 2] = np.frombuffer(vals.tobytes(), np.uint8).reshape(-1, 2)
+    return blocks.reshape(n, -1)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_gguf_blocks_are_kept_without_requantization_error(kind):
+    """Every weight of the kept blocks has the fp32 value gguf.dequantize gives, bit for bit."""
+    from d3d.gguf import quant_weight
+
+    raw = random_blocks(kind, 5, 512, np.random.default_rng(len(kind)))
+    ref = gguf.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).reshape(5, 512)
+    w = quant_weight(raw, kind, (5, 512))
+    assert w.format == ("int4" if kind.startswith("Q4") else "int8")
+    assert torch.equal(w.dequantize(), torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))
+    with pytest.raises(ValueError, match="do not make a 5 x 544 matrix"):
+        quant_weight(raw, kind, (5, 544))
+
+
+@needs_kernel
+@pytest.mark.parametrize("kinds", [("Q8_0", "Q5_0"), ("Q4_0", "Q4_1")])
+def test_quantized_gguf_converts_loads_without_gguf_and_decodes_losslessly(tmp_path, monkeypatch, kinds):
+    """convert-gguf keeps Q8_0/Q5_0 (int8) and Q4_0/Q4_1 (int4) blocks; the checkpoint is 3-6x
+    smaller, loads without the gguf package, gives the logits of the dequantized conversion, and
+    sync/async greedy output equals AR on the same quantized weights."""
+    from test_gguf import to_gguf_name
+
+    from d3d.gguf import convert_gguf
+    from helpers import make_hf_model
+
+    hf = make_hf_model("qwen3", heads=4, kv_heads=2, head_dim=16, hidden=64, inter=96, vocab=256, max_pos=128)
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "qwen3")
+    cfg = hf.config
+    for add, v in [(w.add_block_count, cfg.num_hidden_layers), (w.add_context_length, cfg.max_position_embeddings),
+                   (w.add_embedding_length, cfg.hidden_size), (w.add_feed_forward_length, cfg.intermediate_size),
+                   (w.add_head_count, cfg.num_attention_heads), (w.add_head_count_kv, cfg.num_key_value_heads),
+                   (w.add_layer_norm_rms_eps, cfg.rms_norm_eps), (w.add_key_length, cfg.head_dim)]:
+        add(v)
+    w.add_rope_freq_base(10000.0)
+    for i, (name, t) in enumerate(hf.state_dict().items()):
+        a = t.float().numpy().astype(np.float32)
+        if a.ndim == 2:
+            qtype = getattr(gguf.GGMLQuantizationType, kinds[i % 2])
+            w.add_tensor(to_gguf_name(name), gguf.quantize(a, qtype), raw_shape=gguf.quant_shape_to_byte_shape(
+                a.shape, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(to_gguf_name(name), a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "q", log=lambda *a: None)
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "f", log=lambda *a: None, dequantize=True)
+    assert (tmp_path / "q" / "model.safetensors").stat().st_size * 3 < (tmp_path / "f" / "model.safetensors").stat().st_size
+    monkeypatch.setitem(sys.modules, "gguf", None)  # loading needs no gguf package
+    monkeypatch.delenv("D3D_WEIGHTS")  # conftest pins fp32; here "auto" keeps the checkpoint's blocks
+    quant = d3d.load_model(tmp_path / "q")
+    dense = d3d.load_model(tmp_path / "f", weights="fp32")
+    assert quant.weights_choice.weights == "checkpoint" and quant.weights in ("int8", "int4")
+    assert dense.weights == "float32" and quant.dtype == torch.float32
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(quant(ids), dense(ids), atol=1e-4, rtol=1e-4)
+    assert d3d.load_model(tmp_path / "q", weights="fp32").weights == "float32"  # dequantized on request
+    check_speculative_equals_ar(quant)
+
+
+def check_speculative_equals_ar(target):
+    from test_engines import random_drafter
+
+    prompts = [[3, 7, 1], [5], [2, 9, 11, 4, 8, 1, 1, 6]]
+    ref = d3d.generate(target, prompts, max_new_tokens=24, stop_ids=[]).tokens
+    for mode in ("sync", "async"):
+        drafter = random_drafter(target, 4)
+        out = d3d.generate(target, prompts, max_new_tokens=24, stop_ids=[], mode=mode, drafter=drafter, block_size=4,
+                           lookup=0)
+        assert out.tokens == ref, mode
+
+
+# ---------------------------------------------------------------- models and the policy
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_bundled_pair_quantized_is_lossless(fmt):
+    """The bundled target and drafter quantized at load: every mode's greedy output equals AR on the
+    same weights, and the drafter follows the target's format."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "models"
+    target = d3d.load_model(models / "target-16m", weights=fmt)
+    drafter = d3d.load_drafter(models / "d3d-drafter-16m", target=target)
+    assert target.weights == fmt and drafter.model.weights == fmt and target.dtype == torch.float32
+    tok = d3d.load_tokenizer(models / "target-16m")
+    prompts = [tok.encode("import os\n\n\ndef read_lines(path):\n    "), tok.encode("class Config:\n")]
+    ref = d3d.generate(target, prompts, max_new_tokens=40, stop_ids=[]).tokens
+    for mode in ("sync", "async"):
+        assert d3d.generate(target, prompts, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter).tokens == ref
+
+
+def test_decide_weights_with_mocked_machines():
+    big, llc = 2 << 30, 32 << 20
+    probe = lambda: {"dense": 10.0, "int8": 4.0}  # noqa: E731
+    assert precision.decide_weights(big, llc, None, probe).weights == "int8"
+    assert precision.decide_weights(big, llc, None, lambda: {"dense": 3.0, "int8": 4.0}).weights == "dense"  # AMX-like
+    assert precision.decide_weights(16 << 20, llc, None, probe).weights == "dense"  # fits the cache
+    assert precision.decide_weights(big, llc, "no compiler", probe).weights == "dense"
+
+
+def test_auto_weights_rules_and_errors(monkeypatch):
+    from d3d.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    monkeypatch.delenv("D3D_WEIGHTS", raising=False)
+    with pytest.raises(ValueError, match="weights='int3'"):
+        precision.auto_weights("int3", "auto", "cpu", cfg, False)
+    with pytest.raises(ValueError, match="disagree"):
+        precision.auto_weights("bf16", "float32", "cpu", cfg, False)
+    assert precision.auto_weights("fp32", "auto", "cpu", cfg, True).weights == "float32"
+    assert precision.auto_weights("auto", "float32", "cpu", cfg, False).weights == "dense"  # a dtype was given
+    assert precision.auto_weights("auto", "auto", "cpu", cfg, False).weights == "dense"  # tiny: fits the cache
+    monkeypatch.setenv("D3D_WEIGHTS", "int4")
+    choice = precision.auto_weights("auto", "auto", "cpu", cfg, False)
+    assert choice.weights == ("int4" if kernel.available() else "dense") and "D3D_WEIGHTS" in choice.reason
+    assert precision.auto_weights("fp32", "auto", "cpu", cfg, False).weights == "float32"  # the argument wins
+    monkeypatch.setenv("D3D_WEIGHTS", "int2")
+    with pytest.raises(ValueError, match="D3D_WEIGHTS='int2'"):
+        precision.auto_weights("auto", "auto", "cpu", cfg, False)
+    monkeypatch.delenv("D3D_WEIGHTS")
+    if kernel.available():
+        assert precision.auto_weights("auto", "auto", "cpu", cfg, True).weights == "checkpoint"
+    with pytest.warns(UserWarning, match="run on a CPU only"):
+        assert precision.auto_weights("int8", "auto", "meta", cfg, False).weights == "dense"
+
+
+@needs_kernel
+def test_legacy_int8_drafter_keeps_its_own_scales(tmp_path):
+    """A drafter saved as int8 (per-row scales) loads beside a quantized target with exactly the
+    values its dense load dequantizes to: no second quantization."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "models"
+    target = d3d.load_model(models / "target-16m", weights="int8")
+    dense_target = d3d.load_model(models / "target-16m", weights="fp32")
+    src = d3d.load_drafter(models / "d3d-drafter-16m", target=dense_target)
+    d3d.save_drafter(src, tmp_path / "d", int8=True)
+    q = d3d.load_drafter(tmp_path / "d", target=target)
+    dq = d3d.load_drafter(tmp_path / "d", target=dense_target)
+    w = q.model.layers[0].mlp.down_proj.weight
+    assert isinstance(w, QuantWeight) and w.group == w.in_features
+    assert torch.equal(w.dequantize(), dq.model.layers[0].mlp.down_proj.weight)
