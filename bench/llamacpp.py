@@ -48,8 +48,9 @@ def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: i
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     cmd = [str(binary), "-m", str(gguf), "-f", f.name, "-n", str(new_tokens), "-t", str(threads), "--temp", "0",
-           "-s", "0", "-c", "4096", "--no-warmup"]
-    cmd += ["--spec-draft-n-max", str(lookup)] if lookup else ["-no-cnv", "--no-display-prompt", "--simple-io"]
+           "-s", "0", "-c", "4096"]
+    cmd += ["--spec-draft-n-max", str(lookup)] if lookup else ["-no-cnv", "--no-display-prompt", "--simple-io",
+                                                                 "--no-warmup"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     Path(f.name).unlink()
     if p.returncode != 0:

@@ -73,6 +73,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--cpu-matmul", nargs="+", default=None, choices=["auto", "panels", "onednn"],
                     help="fp32 CPU matmuls to time side by side (D3D_CPU_MATMUL: the row-invariant panels of "
                          "d3d.kernels.skinny or oneDNN; default: the current choice)")
+    ap.add_argument("--weights", nargs="+", default=["dense"],
+                    choices=["dense", "auto", "int8", "int4"],
+                    help="how the matrices are held (load_model's weights; dense: in each of --dtypes; the others "
+                         "compute in fp32 and are labelled by their weights in the dtype column; default dense)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     if any(t < 1 for t in args.T) or args.context < 1 or args.repeats < 1:
@@ -88,12 +92,15 @@ def main(argv=None) -> dict:
     before = os.environ.get("D3D_CPU_MATMUL")
     matmuls = args.cpu_matmul or [before or "auto"]
     try:
-        for dt, matmul in itertools.product(dtypes, matmuls):
+        configs = [(dt, m, "dense") for dt, m in itertools.product(dtypes, matmuls) if "dense" in args.weights]
+        configs += [("float32", m, w) for m, w in itertools.product(matmuls, args.weights) if w != "dense"]
+        for dt, matmul, weights in configs:
             os.environ["D3D_CPU_MATMUL"] = matmul
             if args.preset:
                 target = random_model(args.preset, args.device).to(resolve_dtype(dt, args.device)).pack_for_cpu()
             else:
-                target = d3d.load_model(target_dir, dtype=dt, device=args.device)
+                target = d3d.load_model(target_dir, dtype=dt, device=args.device, weights=weights)
+            dt = dt if weights == "dense" else target.weights
             todo = {"target": target}
             models["target"] = {"dir": f"random {args.preset}" if args.preset else str(target_dir),
                                 "parameters": target.cfg.num_parameters()}

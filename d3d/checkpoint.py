@@ -123,31 +123,34 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
 SHARED_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
 
 
-QSCALE, QMIN = ".qscale", ".qmin"  # suffixes of a quantized matrix's scales and mins (``d3d.quant``)
+QSCALE, QMIN, QHIGH = ".qscale", ".qmin", ".qhigh"  # a quantized matrix's scales, mins, high bits (``d3d.quant``)
 INT8_SCALE = ".int8_scale"  # the per-row scale [N] of drafters saved before QSCALE existed (read only)
 
 
 def quant_tensors(name: str, w: QuantWeight) -> dict[str, torch.Tensor]:
     """The file tensors of a quantized matrix stored under the HF name ``name``: ``name`` holds q
-    (int8 [N, K], or uint8 [N, K/2] for int4), ``name.qscale`` [N, K/G] and ``name.qmin`` (int4) fp32."""
-    q, scale, mins = (None if t is None else t.contiguous() for t in w.rowmajor())
+    (int8 [N, K], or uint8 [N, K/2] for int4/int5), ``name.qscale`` [N, K/G] and ``name.qmin`` (int4)
+    fp32, ``name.qhigh`` (int5's high bits, uint8 [N, K/8])."""
+    q, scale, mins, high = (None if t is None else t.contiguous() for t in w.rowmajor())
     out = {name: q, name + QSCALE: scale}
     if mins is not None:
         out[name + QMIN] = mins
+    if high is not None:
+        out[name + QHIGH] = high
     return out
 
 
-def _quant_weight(tensors: dict, name: str, shape: tuple[int, ...], where: Path) -> QuantWeight:
-    scale = tensors.get(name + QSCALE)
+def _quant_parts(tensors: dict, name: str, shape: tuple[int, ...], where: Path) -> tuple:
+    """The row-major ``(q, scale, min, high)`` of the quantized matrix ``name``, shape-checked."""
+    scale = tensors.pop(name + QSCALE, None)
     if scale is None:
-        scale = tensors[name + INT8_SCALE].float()[:, None]
-    try:
-        w = QuantWeight(tensors[name], scale, tensors.get(name + QMIN), what=f"{where}: tensor {name!r}")
-    except ValueError as e:
-        raise ValueError(str(e)) from None
-    if tuple(w.shape) != tuple(shape):
-        raise ValueError(f"{where}: quantized tensor {name!r} holds {tuple(w.shape)}, config.json implies {tuple(shape)}")
-    return w
+        scale = tensors.pop(name + INT8_SCALE).float()[:, None]
+    q, mins, high = tensors.pop(name), tensors.pop(name + QMIN, None), tensors.pop(name + QHIGH, None)
+    k = q.shape[1] * (1 if q.dtype == torch.int8 else 2) if q.dim() == 2 else None
+    if q.dim() != 2 or q.dtype not in (torch.int8, torch.uint8) or (q.shape[0], k) != tuple(shape):
+        raise ValueError(f"{where}: tensor {name!r}: q must be 2-D int8 (int8) or uint8 (int4/int5, two per byte) "
+                         f"holding {tuple(shape)} as config.json implies, got {q.dtype} {tuple(q.shape)}")
+    return q, scale, mins, high
 
 
 def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
@@ -170,22 +173,19 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
     for hf in quantized:
         wanted[hf] = None  # q's shape depends on the format: checked below
         wanted[hf + (QSCALE if hf + QSCALE in names else INT8_SCALE)] = None
-        optional.add(hf + QMIN)
+        optional.update({hf + QMIN, hf + QHIGH})
     wanted.update(extra or {})
     tensors = read_tensors(path, wanted, optional)
-    for hf, shape in quantized.items():  # into panels one matrix at a time, freeing the file's copy
-        w = _quant_weight(tensors, hf, shape, path)
-        for suffix in (QSCALE, QMIN, INT8_SCALE):
-            tensors.pop(hf + suffix, None)
-        tensors[hf] = w
+    for hf, shape in quantized.items():
+        tensors[hf] = _quant_parts(tensors, hf, shape, path)
     state = {}
-    for ours, parts in nmap.items():
+    for ours, parts in nmap.items():  # into panels one matrix at a time, freeing the file's copy
         ws = [tensors.pop(hf) for hf, _ in parts]
         if any(hf in quantized for hf, _ in parts):
             if not all(hf in quantized for hf, _ in parts):
                 raise ValueError(f"{path}: {', '.join(hf for hf, _ in parts)} are fused into one matrix, but only "
                                  f"some of them are quantized")
-            w = join(ws)
+            w = join(ws, what=f"{path}: {', '.join(hf for hf, _ in parts)}")
             state[ours] = w if keep_quantized else w.dequantize()
         else:
             state[ours] = torch.cat(ws) if len(ws) > 1 else ws[0]

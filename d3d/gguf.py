@@ -6,7 +6,8 @@ explicit name map with a shape check, and writes ``config.json`` + ``model.safet
 ``d3d.load_model`` reads. Quantized blocks are kept, as the matrices of ``d3d.quant``, without
 re-quantization error (each weight's fp32 value is the one ``gguf.dequantize`` gives):
 
-    Q8_0, Q5_0   int8, one scale per 32       (Q5_0's 5-bit q - 16 held in a byte)
+    Q8_0         int8, one scale per 32
+    Q5_0         int5, one scale per 32       (a nibble and a high bit, as in the GGUF)
     Q6_K         int8, one scale per 16       (s = d * sc, exact in fp32)
     Q4_K         int4, scale and min per 32   (s = d * sc, m = dmin * mn, exact)
     Q4_0, Q4_1   int4, scale and min per 32   (m = 8 d, and -m)
@@ -32,6 +33,7 @@ from safetensors.torch import save_file
 
 from .config import ModelConfig
 from .files import write_json
+from .kernels.quant import pack_bits
 from .quant import QuantWeight
 
 SUPPORTED = ("qwen2", "qwen3")
@@ -73,7 +75,7 @@ def _q5_0(b):
     n = b.shape[0]
     qh = np.ascontiguousarray(b[:, 2:6]).view(np.uint32).reshape(n, 1) >> np.arange(32, dtype=np.uint32)
     ql = (b[:, 6:22].reshape(n, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
-    q = (ql.reshape(n, 32) | ((qh & 1).astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
+    q = ql.reshape(n, 32) | ((qh & 1).astype(np.uint8) << 4)  # 0..31; the weight is d (q - 16)
     return q, _f16(b[:, :2]), None, 32
 
 
@@ -123,11 +125,13 @@ def quant_weight(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantWei
     q, scale, mins, group = unpack(np.ascontiguousarray(raw).reshape(-1, nbytes))
     q = torch.from_numpy(np.ascontiguousarray(q)).reshape(n, k)
     scale = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)).reshape(n, k // group)
-    if mins is None:
-        return QuantWeight(q.to(torch.int8), scale)
-    q = q.to(torch.uint8)
+    if q.dtype == torch.int8:
+        return QuantWeight(q, scale)
+    nibbles = (q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)
+    if mins is None:  # Q5_0: the high bits beside the nibbles
+        return QuantWeight(nibbles, scale, high=pack_bits(q >> 4))
     mins = torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)).reshape(n, k // group)
-    return QuantWeight(q[:, 0::2] | (q[:, 1::2] << 4), scale, mins)
+    return QuantWeight(nibbles, scale, mins)
 
 
 def _field(reader, key: str, required: bool = True):

@@ -5,11 +5,12 @@ the LM head). Its values are defined exactly, group by group along k (G consecut
 output row share a scale s, and for int4 a min m):
 
     int8   w = fl(q * s),            q in [-128, 127]   (symmetric; G = K is one scale per row)
+    int5   w = fl((q - 16) * s),     q in [0, 31]       (a nibble and a high bit)
     int4   w = fl(fl(q * s) - m),    q in [0, 15]       (a scale and a min per group)
 
-These hold llama.cpp's blocks without re-quantization error: Q8_0 and Q5_0 are int8 with G = 32,
-Q6_K is int8 with G = 16 (s = d * sc, exact in fp32), Q4_K is int4 with G = 32 (s = d * sc,
-m = dmin * mn, exact), which is what ``d3d.gguf`` keeps. From a dense checkpoint, ``quantize``
+These hold llama.cpp's blocks without re-quantization error: Q8_0 is int8 with G = 32, Q5_0 int5
+with G = 32 (both with fp16 scales, their own), Q6_K int8 with G = 16 (s = d * sc, exact in fp32),
+Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.gguf`` keeps. From a dense checkpoint, ``quantize``
 makes int8 with one scale per row, or int4 with G = ``INT4_GROUP``.
 
 Products go through ``d3d.kernels.quant`` (AVX2 panels; row-invariant, bit for bit the fp32 panel
@@ -22,33 +23,42 @@ from __future__ import annotations
 import torch
 
 from .kernels import quant as kernel
+from .precision import cpu_flags
 
-FORMATS = ("int8", "int4")
+FORMATS = ("int8", "int4")  # what ``quantize`` makes from dense weights (int5 comes from GGUF Q5_0 only)
 INT4_GROUP = 32  # the group of int4 made from dense weights (Q4_K's group)
 
 
 class QuantWeight:
-    """W [N, K] as int8/int4 groups. Built from row-major q [N, K] int8 or [N, K/2] uint8 (k even in
-    the low nibble), scale [N, K/G] and, for int4, min [N, K/G] (fp32); stored as panels."""
+    """W [N, K] as int8/int5/int4 groups. Built from row-major q ([N, K] int8 for int8; [N, K/2]
+    uint8, k even in the low nibble, for int4 and int5), int5's high bits ``high`` [N, K/8] uint8
+    (bit i of byte b: k = 8 b + i), ``scale`` [N, K/G] and, for int4, ``min`` [N, K/G]; stored as
+    panels, the scales in fp16 where that is exact (half the bytes), else fp32."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None = None, what: str = "weight"):
-        bits = 8 if q.dtype == torch.int8 else 4 if q.dtype == torch.uint8 else None
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None = None,
+                 high: torch.Tensor | None = None, what: str = "weight"):
+        bits = 8 if q.dtype == torch.int8 else (5 if high is not None else 4) if q.dtype == torch.uint8 else None
         if bits is None or q.dim() != 2:
-            raise ValueError(f"{what}: q must be 2-D int8 (int8) or uint8 (int4, two per byte), got {q.dtype} "
+            raise ValueError(f"{what}: q must be 2-D int8 (int8) or uint8 (int4/int5, two per byte), got {q.dtype} "
                              f"{tuple(q.shape)}")
-        n, k = q.shape[0], q.shape[1] * (8 // bits)
+        n, k = q.shape[0], q.shape[1] * (1 if bits == 8 else 2)
         if scale.dim() != 2 or scale.shape[0] != n or scale.shape[1] == 0 or k % scale.shape[1]:
             raise ValueError(f"{what}: scale {tuple(scale.shape)} does not fit q {tuple(q.shape)} (expected [{n}, "
                              f"K/G] with G dividing K={k})")
         if (min is not None) != (bits == 4) or (min is not None and min.shape != scale.shape):
-            raise ValueError(f"{what}: int4 needs a min shaped like its scale, int8 none")
+            raise ValueError(f"{what}: int4 needs a min shaped like its scale, int8 and int5 none")
+        if high is not None and (high.dtype != torch.uint8 or tuple(high.shape) != (n, k // 8)):
+            raise ValueError(f"{what}: int5's high bits must be uint8 [{n}, {k // 8}], got {high.dtype} "
+                             f"{tuple(high.shape)}")
         self.bits, self.out_features, self.in_features = bits, n, k
         self.group = k // scale.shape[1]
-        if bits == 4 and self.group % 2:
-            raise ValueError(f"{what}: int4 groups must be even, got {self.group}")
+        if bits != 8 and self.group % 2:
+            raise ValueError(f"{what}: int4/int5 groups must be even, got {self.group}")
+        scale, min = scale.float(), None if min is None else min.float()
+        half = all(torch.equal(t.half().float(), t) for t in (scale, min) if t is not None)
         self.q = kernel.to_panels(q.contiguous())
-        self.scale = kernel.to_panels(scale.float().contiguous())
-        self.min = None if min is None else kernel.to_panels(min.float().contiguous())
+        self.high = None if high is None else kernel.bits_to_panels(high.contiguous(), n)
+        self.scale, self.min = (None if t is None else kernel.to_panels(t.half() if half else t) for t in (scale, min))
 
     # ---------------------------------------------------------------- what it is
 
@@ -70,8 +80,8 @@ class QuantWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a pass streams (q, scales and mins, padding included)."""
-        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.min) if t is not None)
+        """Bytes a pass streams (q, high bits, scales and mins, padding included)."""
+        return sum(t.numel() * t.element_size() for t in (self.q, self.high, self.scale, self.min) if t is not None)
 
     def __repr__(self) -> str:
         return f"QuantWeight({self.format}, [{self.out_features}, {self.in_features}], group={self.group})"
@@ -79,13 +89,16 @@ class QuantWeight:
     # ---------------------------------------------------------------- values
 
     def rowmajor(self, rows: torch.Tensor | None = None):
-        """(q, scale, min) row-major, for all rows or the LongTensor ``rows``."""
+        """(q, scale, min, high) row-major (scales in fp32), for all rows or the LongTensor ``rows``."""
         n = self.out_features
-        return tuple(None if t is None else kernel.from_panels(t, n, rows) for t in (self.q, self.scale, self.min))
+        q, scale, mins = (None if t is None else kernel.from_panels(t, n, rows) for t in (self.q, self.scale, self.min))
+        high = None if self.high is None else kernel.bits_from_panels(self.high, n, rows)
+        return q, scale.float(), None if mins is None else mins.float(), high
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The fp32 values (of ``rows`` only: the embedding lookup dequantizes just the ids it reads)."""
-        return kernel.dequantize(*self.rowmajor(rows), self.bits)
+        q, scale, mins, high = self.rowmajor(rows)
+        return kernel.dequantize(q, scale, mins, self.bits, high)
 
     def select(self, rows: torch.Tensor) -> "QuantWeight":
         """A new QuantWeight of the given rows (a drafter's head over its drafting vocabulary)."""
@@ -96,7 +109,7 @@ class QuantWeight:
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        y = kernel.matmul_packed(x2.contiguous(), self.q, self.scale, self.min, self.out_features, self.bits)
+        y = kernel.matmul_packed(x2.contiguous(), self.q, self.high, self.scale, self.min, self.out_features, self.bits)
         if bias is not None:
             y += bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -126,23 +139,38 @@ class Stacked:
         return y + bias if bias is not None else y
 
 
-def join(parts: list[QuantWeight]) -> QuantWeight | Stacked:
-    """Row blocks -> one matrix (``d3d.checkpoint`` fuses q/k/v and gate/up): one QuantWeight when
-    every block has the same format, with groups refined to the smallest (exact: a group's scale
-    applies to each of its halves), else a ``Stacked``."""
+def int5_kept() -> bool:
+    """Whether int5 stays int5 in memory: on CPUs with AVX-512 (BW, VL) its unpacking costs about
+    what the bytes it saves do (one 9728 x 896 matrix, 2 threads, AMD Zen 5: 0.25 ms vs int8's 0.24
+    at 1 row); the AVX2 code unpacks it at half int8's speed (0.58 vs 0.34 ms), so there int5 is
+    widened to int8 at load (exact). docs/results/quant/kernels.txt."""
+    return {"avx512bw", "avx512vl"} <= cpu_flags()
+
+
+def widen(parts: tuple) -> tuple:
+    """Row-major int5 ``(q, scale, None, high)`` -> the same weights as int8 ``(q - 16, scale, None, None)``."""
+    q, scale, _, high = parts
+    q = torch.stack([q & 15, q >> 4], dim=-1).flatten(-2) | (kernel.unpack_bits(high) << 4)
+    return (q.to(torch.int8) - 16), scale, None, None
+
+
+def join(parts: list[tuple], what: str = "weight") -> QuantWeight | Stacked:
+    """Row blocks, each row-major ``(q, scale, min, high)`` as ``QuantWeight`` takes them, -> one
+    matrix (``d3d.checkpoint`` fuses q/k/v and gate/up): one QuantWeight when every block has the
+    same format, with groups refined to the smallest (exact: a group's scale applies to each of its
+    halves), else a ``Stacked`` of one QuantWeight per block."""
+    if not int5_kept():
+        parts = [widen(p) if p[3] is not None else p for p in parts]
+    kinds = {(q.dtype, q.shape[1], m is None, h is None) for q, s, m, h in parts}
+    groups = [q.shape[1] * (1 if q.dtype == torch.int8 else 2) // s.shape[1] for q, s, m, h in parts]
+    group = min(groups)
+    if len(kinds) > 1 or any(g % group for g in groups):
+        return Stacked([QuantWeight(*p, what=what) for p in parts])
     if len(parts) == 1:
-        return parts[0]
-    if len({(p.bits, p.in_features) for p in parts}) > 1:
-        return Stacked(parts)
-    group = min(p.group for p in parts)
-    if any(p.group % group for p in parts):
-        return Stacked(parts)
-    blocks = [p.rowmajor() for p in parts]
-    refine = lambda t, p: None if t is None else t.repeat_interleave(p.group // group, dim=1)  # noqa: E731
-    q = torch.cat([b[0] for b in blocks])
-    scale = torch.cat([refine(b[1], p) for b, p in zip(blocks, parts)])
-    mins = None if parts[0].bits == 8 else torch.cat([refine(b[2], p) for b, p in zip(blocks, parts)])
-    return QuantWeight(q, scale, mins)
+        return QuantWeight(*parts[0], what=what)
+    cat = lambda i, refine: None if parts[0][i] is None else torch.cat(  # noqa: E731
+        [p[i].repeat_interleave(g // group, dim=1) if refine else p[i] for p, g in zip(parts, groups)])
+    return QuantWeight(cat(0, False), cat(1, True), cat(2, True), cat(3, False), what=what)
 
 
 def quantize(w: torch.Tensor, fmt: str, group: int = INT4_GROUP) -> QuantWeight:
@@ -158,8 +186,8 @@ def quantize(w: torch.Tensor, fmt: str, group: int = INT4_GROUP) -> QuantWeight:
     if k % group:
         raise ValueError(f"quantize: int4 groups of {group} do not divide the {k} inputs of a [{n}, {k}] matrix")
     g = w.view(n, k // group, group)
-    lo, hi = g.amin(dim=2), g.amax(dim=2)
-    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    lo, hi = g.amin(dim=2).half().float(), g.amax(dim=2)  # fp16 scale and min: 2 bytes each, exact in the kernel
+    scale = ((hi - lo) / 15).clamp_min(2 ** -24).half().float()
     q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).view(n, k)
     return QuantWeight(q[:, 0::2] | (q[:, 1::2] << 4), scale, -lo)
 

@@ -96,10 +96,11 @@ def skinny_matmul_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def quant_matmul_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None,
-                           bits: int) -> torch.Tensor:
-    """The int8/int4 kernel of ``d3d.kernels.quant``, by loops: each weight dequantized element by element
-    (w = fl(q s), int4: fl(fl(q s) - m)), then the fp32 fma chain of ``skinny_matmul_reference``.
-    q row-major [N, K] int8 or [N, K/2] uint8 (k even in the low nibble), s/m [N, K/G] fp32."""
+                           bits: int, h: torch.Tensor | None = None) -> torch.Tensor:
+    """The int8/int5/int4 kernel of ``d3d.kernels.quant``, by loops: each weight dequantized element by
+    element (int8: w = fl(q s); int5: fl((q - 16) s); int4: fl(fl(q s) - m)), then the fp32 fma chain
+    of ``skinny_matmul_reference``. q row-major [N, K] int8 or [N, K/2] uint8 (k even in the low
+    nibble), int5's high bits h [N, K/8] (bit i of byte b: k = 8 b + i), s/m [N, K/G]."""
     N, K = q.shape[0], x.shape[1]
     group = K // s.shape[1]
     w = torch.empty(N, K, dtype=torch.float32)
@@ -110,8 +111,10 @@ def quant_matmul_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m:
             else:
                 byte = int(q[n, k // 2])
                 qv = byte & 15 if k % 2 == 0 else byte >> 4
-            v = torch.tensor(qv, dtype=torch.float32) * s[n, k // group]
+            if bits == 5:
+                qv = qv + 16 * ((int(h[n, k // 8]) >> (k % 8)) & 1) - 16
+            v = torch.tensor(qv, dtype=torch.float32) * s[n, k // group].float()
             if m is not None:
-                v = v - m[n, k // group]
+                v = v - m[n, k // group].float()
             w[n, k] = v
     return skinny_matmul_reference(x, w)

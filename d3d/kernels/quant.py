@@ -1,10 +1,13 @@
-"""Weight-only int8/int4 matmul for few-row passes on AVX2 CPUs (``quant_gemm.cpp``), its launcher and wrapper.
+"""Weight-only int8/int5/int4 matmul for few-row passes on x86 CPUs (``quant_gemm.cpp``), its launcher and wrapper.
 
-    w[n, k] = fl(q[n, k] * s[n, k // G])                  int8, q in [-128, 127]
+    w[n, k] = fl(q[n, k] * s[n, k // G])                     int8, q in [-128, 127]
+    w[n, k] = fl((q[n, k] - 16) * s[n, k // G])              int5, q in [0, 31] (a nibble + a high bit)
     w[n, k] = fl(fl(q[n, k] * s[n, k // G]) - m[n, k // G])  int4, q in [0, 15]
     y[m, n] = sum_k x[m, k] w[n, k], one fma chain over k = 0 .. K-1 per (m, n)
 
-x [M, K] fp32; q, s, m in the 16-column panels of ``d3d.kernels.skinny`` (``pack``); y [M, N] fp32.
+x [M, K] fp32; q, s, m (fp32 or fp16) in the 16-column panels of ``d3d.kernels.skinny``
+(``to_panels``; int5's high bits through ``bits_to_panels``); y [M, N] fp32. AVX2 code runs on every
+x86-64 CPU with AVX2 + FMA, AVX-512 code where the CPU has it (F, BW, VL); both give the same bits.
 The kernel dequantizes in registers and then computes exactly what the fp32 panel kernel computes
 on the dequantized matrix: every row of an M-row product equals the 1-row product of that row bit
 for bit, for every M, and equals ``naive.skinny_matmul_reference(x, dequantize(...))``.
@@ -60,21 +63,53 @@ def from_panels(t: torch.Tensor, n: int, rows: torch.Tensor | None = None) -> to
     return t[rows // PANEL, :, rows % PANEL]
 
 
-def dequantize(q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: int) -> torch.Tensor:
-    """Row-major q [N, K] int8 or [N, K/2] uint8 (k even in the low nibble), s/m [N, K/G] -> w [N, K] fp32,
-    rounded as the kernel rounds (the reference for every quantized format in d3d)."""
-    if bits == 4:
+def unpack_bits(h: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., C] -> uint8 0/1 [..., 8 C] (bit i of byte b is element 8 b + i)."""
+    return ((h[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(-2)
+
+
+def pack_bits(b: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``unpack_bits``."""
+    b = b.view(*b.shape[:-1], -1, 8).to(torch.int32) << torch.arange(8, dtype=torch.int32)
+    return b.sum(-1).to(torch.uint8)
+
+
+def bits_to_panels(h: torch.Tensor, n: int, chunk: int = 4096) -> torch.Tensor:
+    """int5's high bits row-major [N, K/8] -> panels [P, K/2, 4]: per k pair one little-endian word,
+    bit j for column j at k, bit 16 + j at k + 1. In chunks of rows (an unpacked bit is a byte)."""
+    out = torch.empty(-(-n // PANEL), h.shape[1] * 4, 4, dtype=torch.uint8)
+    for r in range(0, n, chunk):  # chunk is a multiple of PANEL
+        p = to_panels(unpack_bits(h[r: r + chunk]))  # [p, K, 16] of 0/1
+        out[r // PANEL: r // PANEL + p.shape[0]] = pack_bits(p).view(p.shape[0], -1, 4)
+    return out
+
+
+def bits_from_panels(t: torch.Tensor, n: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of ``bits_to_panels``, for all rows or just ``rows``."""
+    rows = torch.arange(n) if rows is None else rows
+    b = unpack_bits(t[rows // PANEL]).view(len(rows), -1, 2, PANEL)  # [r, K/2, (k, k + 1), column]
+    return pack_bits(b[torch.arange(len(rows)), :, :, rows % PANEL].reshape(len(rows), -1))
+
+
+def dequantize(q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: int,
+               h: torch.Tensor | None = None) -> torch.Tensor:
+    """Row-major q [N, K] int8 or [N, K/2] uint8 (k even in the low nibble), int5's high bits h [N, K/8],
+    s/m [N, K/G] -> w [N, K] fp32, rounded as the kernel rounds (the reference for every quantized
+    format in d3d)."""
+    if bits != 8:
         q = torch.stack([q & 15, q >> 4], dim=-1).flatten(-2)
+    if bits == 5:
+        q = (q | (unpack_bits(h) << 4)).to(torch.int8) - 16
     group = q.shape[-1] // s.shape[-1]
-    w = q.float() * s.repeat_interleave(group, dim=-1)
+    w = q.float() * s.float().repeat_interleave(group, dim=-1)
     if m is not None:
-        w = w - m.repeat_interleave(group, dim=-1)
+        w = w - m.float().repeat_interleave(group, dim=-1)
     return w
 
 
-def _check(x, q, s, m, n, bits):
-    if bits not in (4, 8):
-        raise ValueError(f"quant.matmul: bits must be 8 or 4, got {bits}")
+def _check(x, q, s, m, n, bits, h):
+    if bits not in (4, 5, 8):
+        raise ValueError(f"quant.matmul: bits must be 8, 5 or 4, got {bits}")
     if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"quant.matmul: x must be a 2-D fp32 CPU tensor, got {tuple(x.shape)} {x.dtype} on {x.device}")
     K = x.shape[1]
@@ -85,9 +120,12 @@ def _check(x, q, s, m, n, bits):
     if s.dim() != 3 or s.shape[0] != q.shape[0] or s.shape[2] != PANEL or s.shape[1] == 0 or K % s.shape[1]:
         raise ValueError(f"quant.matmul: scales {tuple(s.shape)} do not fit q {tuple(q.shape)} (expected "
                          f"[{q.shape[0]}, K/G, {PANEL}] with G dividing K={K})")
-    if (m is None) != (bits == 8) or (m is not None and m.shape != s.shape):
-        raise ValueError(f"quant.matmul: int4 needs mins shaped like the scales and int8 none, got "
-                         f"{None if m is None else tuple(m.shape)}")
+    if (m is None) != (bits != 4) or (m is not None and (m.shape != s.shape or m.dtype != s.dtype)):
+        raise ValueError(f"quant.matmul: int4 needs mins shaped and typed like the scales and int8/int5 none, got "
+                         f"{None if m is None else (tuple(m.shape), m.dtype)}")
+    if (h is None) != (bits != 5) or (h is not None and h.shape != (q.shape[0], K // 2, 4)):
+        raise ValueError(f"quant.matmul: int5 needs high bits [{q.shape[0]}, {K // 2}, 4] (bits_to_panels) and the "
+                         f"others none, got {None if h is None else tuple(h.shape)}")
     if not (q.shape[0] - 1) * PANEL < n <= q.shape[0] * PANEL:
         raise ValueError(f"quant.matmul: n={n} does not fit {q.shape[0]} panels of {PANEL}")
 
@@ -96,24 +134,29 @@ ISAS = {"auto": 0, "avx2": 256, "avx512": 512}
 
 
 def matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
-           isa: str = "auto") -> torch.Tensor:
-    """x [M, K] fp32 @ W^T -> [M, n], W given as panels (``to_panels``) of q, s (and m for int4).
-    ``isa``: ``auto`` (AVX-512 where the CPU has it), ``avx2`` or ``avx512``; all give the same bits."""
+           isa: str = "auto", h: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] fp32 @ W^T -> [M, n], W given as panels (``to_panels``) of q, s (and m for int4, the
+    high bits h for int5). ``isa``: ``auto`` (AVX-512 where the CPU has it), ``avx2`` or ``avx512``;
+    all give the same bits."""
     module, why = _load()
     if module is None:
         raise RuntimeError(f"d3d.kernels.quant: unavailable: {why}")
     if isa not in ISAS:
         raise ValueError(f"quant.matmul: isa={isa!r}: expected one of {', '.join(ISAS)}")
-    _check(x, q, s, m, n, bits)
-    group = x.shape[1] // s.shape[1]
-    return module.matmul(x, q, s, s if m is None else m, n, group, bits, ISAS[isa])
+    _check(x, q, s, m, n, bits, h)
+    return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
+                         bits, ISAS[isa])
 
 
-def matmul_packed(x, q, s, m, n, bits):
+_EMPTY = torch.empty(0)
+
+
+def matmul_packed(x, q, h, s, m, n, bits):
     """``matmul`` without the Python checks, for ``d3d.quant.QuantWeight`` (which made the panels);
     the extension still checks every shape."""
-    return _load()[0].matmul(x, q, s, s if m is None else m, n, x.shape[1] // s.shape[1], bits, 0)
+    return _load()[0].matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n,
+                             x.shape[1] // s.shape[1], bits, 0)
 
 
-__all__ = ["available", "why_unavailable", "to_panels", "from_panels", "dequantize", "matmul", "matmul_packed", "PANEL",
-           "ISAS"]
+__all__ = ["available", "why_unavailable", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels",
+           "unpack_bits", "pack_bits", "dequantize", "matmul", "matmul_packed", "PANEL", "ISAS"]
