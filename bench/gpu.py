@@ -16,6 +16,7 @@ with its own time limit, so a failing or slow stage still leaves the others' res
                  ``d3d.overlap.async_defaults`` should pick on a GPU (unmeasured so far), and sync
                  with bonus leaves (``leaves``: rows are nearly free on a GPU, so more should pay)
                  and copied drafts (``lookup``: sync's default 3, async's 0 unmeasured)
+  quant          the Triton weight-only int8/int5/int4 matmul vs bf16 F.linear (``bench quantmm``)
   kernels-1k     attention over 1k and 8k cached tokens
   kernels-8k
 
@@ -41,7 +42,7 @@ from .common import machine, markdown_table, write_json
 
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_TESTS = ["tests/test_attention.py", "tests/test_denoise.py", "tests/test_accept.py"]
+KERNEL_TESTS = ["tests/test_attention.py", "tests/test_denoise.py", "tests/test_accept.py", "tests/test_quant.py"]
 
 
 def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
@@ -58,6 +59,7 @@ def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
             ("hypotheses", ["bench", "speculative", "--validation", "--n", "1", "--new-tokens", "6", "--sets", "code",
                             "--modes", "ar", "sync", "async@0/1x1", "async@0/4x2", "sync+leaves2", "sync+lookup0",
                             "--out", o("hypotheses.json")], 90),
+            ("quant", ["bench", "quantmm", "--quick", "--out", o("quantmm.json")], 60),
             ("kernels-1k", ["bench", "kernels", "--quick", "--attention-only", "--cache-len", "16",
                             "--out", o("kernels_1k.json")], 60),
             ("kernels-8k", ["bench", "kernels", "--quick", "--attention-only", "--cache-len", "64",
@@ -75,6 +77,7 @@ def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
                         "--modes", "ar", "sync", "async@0/1x1", "async@0/4x1", "async@0/8x3", "async@0/16x3",
                         "async@0/32x3", "sync+leaves0", "sync+leaves4", "sync+leaves16", "sync+lookup0", "async+lookup3",
                         "--out", o("hypotheses.json")], 90),
+        ("quant", ["bench", "quantmm", "--out", o("quantmm.json")], 60),
         ("kernels-1k", ["bench", "kernels", "--attention-only", "--cache-len", "1024", "--cases", "verify", "d3d",
                         "decode", "--out", o("kernels_1k.json")], 50),
         ("kernels-8k", ["bench", "kernels", "--attention-only", "--cache-len", "8192", "--cases", "verify", "d3d",

@@ -6,7 +6,7 @@ prompts only), four engines answer greedily with the same prompt tokens and the 
     llama-ar      llama.cpp ``llama-completion`` (plain decoding of the GGUF)
     llama-lookup  llama.cpp ``llama-lookup`` (its prompt-lookup speculation, ``--spec-draft-n-max``)
     d3d-ar        d3d ``ar`` on the checkpoint ``convert-gguf`` wrote (``weights="auto"``)
-    d3d           d3d's defaults (sync with the drafter, copied drafts and leaves on a CPU)
+    d3d           d3d's defaults (``python -m d3d generate``: sync with the drafter on a CPU, its defaults)
 
 Engines take turns request by request (the order reversed every other request, so drift hits them
 alike). tok/s = generated tokens / (prompt + generation time), model loading excluded (llama.cpp's
@@ -35,6 +35,7 @@ import torch
 
 import d3d
 from d3d.assets import bundled
+from d3d.overlap import default_mode
 from d3d.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                     runs[engine] = llama_run(bins["llama-lookup" if lookup else "llama-completion"], Path(args.gguf),
                                              text, args.new_tokens, args.threads, lookup)
                 else:
-                    kw = dict(mode="ar") if engine == "d3d-ar" else dict(drafter=drafter)
+                    kw = dict(mode="ar") if engine == "d3d-ar" else dict(mode=default_mode(target.device),
+                                                                           drafter=drafter)
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, stop_ids=stops, **kw)
                     runs[engine] = {"tokens": len(out.tokens[0]),
                                     "seconds": out.stats.prefill_seconds + out.stats.decode_seconds,

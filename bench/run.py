@@ -9,6 +9,8 @@
                  numpy function completions that parse, AR tok/s
   kernels        packed attention + acceptance/denoising kernels (TFLOP/s, GB/s; Triton on GPU)
   parity         d3d vs transformers on a real checkpoint: logits and greedy chat, token for token
+  quantmm        the Triton weight-only int8/int5/int4 matmul vs bf16 F.linear (a GPU; --quick: the interpreter)
+  quality        what quantized weights cost: bits/byte on unseen Python and prose, greedy agreement with fp32
   llamacpp       d3d vs llama.cpp (AR and its prompt lookup) on the same GGUF: chat requests, end-to-end tok/s
   readme         print the README results table from a speculative JSON
   answers        answer generation for the drafter's data: fixed batches vs continuous batching (answer tok/s)
@@ -152,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         from . import target
 
         schema.validate(target.main(rest))
+    elif cmd == "quantmm":
+        from . import quantmm
+
+        schema.validate(quantmm.main(rest))
+    elif cmd == "quality":
+        from . import quality
+
+        schema.validate(quality.main(rest))
     elif cmd == "llamacpp":
         from . import llamacpp
 

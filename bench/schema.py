@@ -123,6 +123,10 @@ def validate(payload: dict) -> None:
             _check(row, {"files": int, "tokens": int, "bits_per_byte": NUM}, f"$.bits_per_byte.{name}")
         _check(payload["completions"], {"n": int, "parse_rate": NUM, "loop_rate": NUM, "sensible_rate": NUM,
                                         "rows": list}, "$.completions")
+    elif kind == "quantmm":
+        _check(payload, {"config": dict, "results": list, "device": str}, "$")
+    elif kind == "quality":
+        _check(payload, {"config": dict, "results": dict, "windows": dict, "requests": int}, "$")
     elif kind == "llamacpp":
         _check(payload, {"config": dict, "tok_s": dict, "median_tok_s": dict, "vs_llama_ar": dict,
                          "weight_gb_per_token": NUM, "copy_bandwidth_gb_s": NUM, "d3d_weights": str}, "$")

@@ -192,6 +192,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--modes", nargs="+", default=["ar", "ar1", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
                                                    "async:thread", "async@0"])
     ap.add_argument("--dtype", default="auto", help="dtype of both models (default: the policy's choice)")
+    ap.add_argument("--weights", default="auto", help="load_model's weights (default auto: a quantized checkpoint "
+                                                       "keeps its blocks; see d3d/precision.py)")
     ap.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="write the JSON here")
@@ -255,7 +257,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
     drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
-    target = d3d.load_model(target_dir, dtype=args.dtype, device=args.device)
+    target = d3d.load_model(target_dir, dtype=args.dtype, device=args.device, weights=args.weights)
     tok = d3d.load_tokenizer(target_dir)
     args.stop_ids = tok.stop_token_ids() if args.chat else []
     drafter = d3d.load_drafter(drafter_dir, target=target)

@@ -190,21 +190,23 @@ def generate(
                  extra=2 * B + 2)
     if mode == "dflash":
         return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round)
-    settings = d3d_settings(model.device, mode, exact, model.dtype, overlap=overlap, hypotheses=hypotheses,
+    settings = d3d_settings(model.device, mode, exact, model.dtype, quantized=model.quantized, overlap=overlap,
+                            hypotheses=hypotheses,
                             fanout=fanout, successor_threshold=successor_threshold, verify_min_prob=verify_min_prob,
                             leaves=leaves, lookup=lookup, gate=gate)
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, exact=exact, datastore=datastore, **settings)
 
 
-def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtype | None = None, **given) -> dict:
+def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtype | None = None,
+                 quantized: bool = False, **given) -> dict:
     """The keyword arguments of ``generate_speculative`` for a D3D ``mode``: each one ``given`` as
-    None takes the measured default of the device and the target's ``dtype`` (``d3d.overlap``); every
-    value is checked, by name."""
+    None takes the measured default of the device and the target's ``dtype`` and weights
+    (``d3d.overlap``); every value is checked, by name."""
     chosen = async_defaults(device)
     defaults = {"overlap": chosen.overlap, "hypotheses": chosen.hypotheses, "fanout": chosen.fanout,
                 "successor_threshold": chosen.threshold, "verify_min_prob": default_verify_min_prob(device),
-                "leaves": 0 if exact else default_leaves(device, mode, dtype),
+                "leaves": 0 if exact else default_leaves(device, mode, dtype, quantized),
                 "lookup": default_lookup(device, mode),
                 "gate": default_gate(device, mode)}
     s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}

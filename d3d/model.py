@@ -224,6 +224,11 @@ class Transformer(nn.Module):
         return self.norm.weight.dtype
 
     @property
+    def quantized(self) -> bool:
+        """Whether some matrices are quantized (``d3d.quant``)."""
+        return any(is_quantized(getattr(m, "weight", None)) for m in self.modules())
+
+    @property
     def weights(self) -> str:
         """How the matrices are stored: the dtype's name, or the quantized formats (``int8``, ``int4``, ``int4+int8``)."""
         formats = {m.weight.format for m in self.modules() if hasattr(m, "weight") and is_quantized(m.weight)}
@@ -256,6 +261,16 @@ class Transformer(nn.Module):
         if isinstance(self.output_weight(), torch.Tensor):
             cpu_linear.pack(self.output_weight())
         return self
+
+    def quantize_(self, fmt: str) -> "Transformer":
+        """Quantize every dense matrix in place (``d3d.quant.quantize``: int8 or int4; the embedding
+        and LM head too); the rest of the model moves to fp32 (quantized models compute in fp32)."""
+        from .quant import quantize
+
+        for name, p in list(self.named_parameters()):
+            if p.dim() == 2:
+                self.set_weight(name, quantize(p, fmt))
+        return self.float().pack_for_cpu()
 
     def set_weight(self, name: str, weight) -> None:
         """Put a quantized matrix (``d3d.quant``) where the parameter ``name`` (ours, e.g.

@@ -241,7 +241,7 @@ def default_verify_min_prob(device: torch.device) -> float | str:
     return 0.0 if device.type == "cuda" else "auto"
 
 
-def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = None) -> int:
+def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = None, quantized: bool = False) -> int:
     """``leaves`` of a device and mode: the bonus candidates verified beside the drafts
     (``d3d.speculative``), chosen on validation prompts.
 
@@ -264,10 +264,14 @@ def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = 
     docs/results/leaf-price/ab*.txt), speed over the fastest ar, 2 leaves -> 0: code 1.57x -> 1.75x and
     1.59x -> 1.69x, explanations 0.94x -> 1.03x and 1.11x -> 1.14x in two runs. On the panels a 6-row
     pass costs about what a 1-row one does, and leaves won on the same requests (one run,
-    docs/results/panels/ab.txt), 0 -> 2 leaves: code 1.98x -> 2.10x, explanations 1.27x -> 1.40x."""
+    docs/results/panels/ab.txt), 0 -> 2 leaves: code 1.98x -> 2.10x, explanations 1.27x -> 1.40x.
+    Quantized weights (``d3d.quant``, fp32 activations, whatever the matmul of dense fp32): 2. The
+    real model as convert-gguf keeps it, 8 validation requests per set, one run (AMD Zen 5, 2 cores,
+    docs/results/quant/validation_defaults.json), 0 -> 2 leaves: code 1.31x -> 1.36x, explanations
+    1.00x -> 1.03x over ar (the gate: 1.31x and 1.03x; it stays off)."""
     if mode == "async":
         return 0
-    if device.type == "cpu" and dtype == torch.float32 and not skinny.wanted():
+    if device.type == "cpu" and dtype == torch.float32 and not quantized and not skinny.wanted():
         return 0
     return 2
 

@@ -88,12 +88,15 @@ def test_bundled_qwen_drafter_files():
 
 
 @pytest.mark.skipif(not os.environ.get("D3D_QWEN25"), reason="set D3D_QWEN25 to the converted Qwen2.5-Coder directory")
-def test_bundled_qwen_pair_is_lossless():
-    """fp32: sync (with its defaults: 2 bonus leaves and copied drafts), sync with 4 leaves and no
-    copies, and async equal ar on two HumanEval chat prompts; leaves are hit and drafts copied there."""
+@pytest.mark.parametrize("weights", ["fp32", "auto", "int8", "int4"])
+def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
+    """On the weights convert-gguf keeps ("auto": its int8/int5/int4 blocks), dequantized (fp32),
+    or quantized from them: sync (with its defaults), sync with 4 leaves and no copies, and async
+    equal ar on two HumanEval chat prompts; leaves are hit and drafts copied there."""
     from d3d.prompts import load_prompt_set
 
-    target = d3d.load_model(os.environ["D3D_QWEN25"], dtype=torch.float32)
+    monkeypatch.delenv("D3D_WEIGHTS")  # conftest pins dense; "auto" here is the library's default
+    target = d3d.load_model(os.environ["D3D_QWEN25"], weights=weights)
     tok = d3d.load_tokenizer(os.environ["D3D_QWEN25"])
     drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
     prompts = load_prompt_set("humaneval", tok, 2, chat=True)

@@ -190,7 +190,8 @@ def test_join_refines_groups_exactly_and_stacks_mixed_formats():
 
 # ---------------------------------------------------------------- GGUF blocks
 
-gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed (pip install -e '.[gguf]')")
+def need_gguf():
+    return pytest.importorskip("gguf", reason="the gguf extra is not installed (pip install -e '.[gguf]')")
 
 
 def random_blocks(kind, n, k, rng):
@@ -211,6 +212,7 @@ def test_gguf_blocks_are_kept_without_requantization_error(kind):
     """Every weight of the kept blocks has the fp32 value gguf.dequantize gives, bit for bit."""
     from d3d.gguf import quant_weight
 
+    gguf = need_gguf()
     raw = random_blocks(kind, 5, 512, np.random.default_rng(len(kind)))
     ref = gguf.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).reshape(5, 512)
     w = quant_weight(raw, kind, (5, 512))
@@ -226,6 +228,7 @@ def test_quantized_gguf_converts_loads_without_gguf_and_decodes_losslessly(tmp_p
     """convert-gguf keeps Q8_0/Q5_0 (int8) and Q4_0/Q4_1 (int4) blocks; the checkpoint is 3-6x
     smaller, loads without the gguf package, gives the logits of the dequantized conversion, and
     sync/async greedy output equals AR on the same quantized weights."""
+    gguf = need_gguf()
     from test_gguf import to_gguf_name
 
     from d3d.gguf import convert_gguf
@@ -359,3 +362,21 @@ def test_legacy_int8_drafter_keeps_its_own_scales(tmp_path):
     w = q.model.layers[0].mlp.down_proj.weight
     assert isinstance(w, QuantWeight) and w.group == w.in_features
     assert torch.equal(w.dequantize(), dq.model.layers[0].mlp.down_proj.weight)
+
+
+# ---------------------------------------------------------------- the Triton kernel (GPUs)
+
+@pytest.mark.usefixtures("kernel_device")
+@pytest.mark.parametrize("bits", [8, 5, 4])
+@pytest.mark.parametrize("M,N,K,group", [(1, 17, 64, 32), (3, 70, 96, 32), (20, 33, 128, 16), (5, 40, 64, 64)])
+def test_triton_weight_only_matmul_matches_its_torch_reference(bits, M, N, K, group, kernel_device):
+    """Odd N (a partial tile), M over one BLOCK_M, groups of 16-64; the interpreter on a CPU."""
+    from d3d.kernels.quant_triton import quant_linear_torch, quant_linear_triton
+
+    g = torch.Generator().manual_seed(M + N + K + bits)
+    q, s, m, h = (None if t is None else t.to(kernel_device) for t in random_format(bits, N, K, group, g))
+    x = torch.randn(M, K, generator=g).to(kernel_device)
+    got = quant_linear_triton(x, q, s, m, bits, h)
+    torch.testing.assert_close(got, quant_linear_torch(x, q, s, m, bits, h), atol=1e-4 * K ** 0.5, rtol=1e-4)
+    with pytest.raises(ValueError, match="q must be"):
+        quant_linear_triton(x[:, :32], q, s, m, bits, h)
