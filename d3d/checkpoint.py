@@ -85,11 +85,15 @@ def _open(file: Path):
         raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
 
 
-def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """Read exactly the tensors in ``wanted`` (name -> shape) from the directory ``path``.
+def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[str] = frozenset(),
+                 lazy: bool = False) -> dict[str, torch.Tensor]:
+    """Read exactly the tensors in ``wanted`` (name -> shape, or None: checked by the caller) from
+    the directory ``path``.
 
     Every name must be present with that shape; any other tensor in the files is an error,
     except those in ``optional`` (read if present and shape-checked, e.g. a tied lm_head).
+    ``lazy``: return a ``LazyTensors`` that reads each tensor from its file when it is taken
+    (a quantized checkpoint is converted matrix by matrix, never held whole next to its panels).
     """
     files = weight_files(path)
     missing = [n for n in wanted if n not in files]
@@ -101,6 +105,20 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
         if unexpected:
             parts.append(f"unexpected tensor(s): {', '.join(unexpected[:8])}{' …' if len(unexpected) > 8 else ''}")
         raise ValueError(f"{path}: checkpoint does not match config.json: " + "; ".join(parts))
+
+    def check(f, name, shape):
+        want = wanted.get(name)
+        if want is not None and tuple(shape) != tuple(want):
+            raise ValueError(f"{f}: tensor {name!r} has shape {tuple(shape)}, config.json implies {tuple(want)}")
+
+    if lazy:
+        entries = {}
+        for f in set(files.values()):
+            for name, (dtype, shape, start, end) in _header(f).items():
+                if name in files:
+                    check(f, name, shape)
+                    entries[name] = (f, dtype, shape, start, end)
+        return LazyTensors(entries)
     out: dict[str, torch.Tensor] = {}
     by_file: dict[Path, list[str]] = {}
     for name, f in files.items():
@@ -113,11 +131,67 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
                     t = sf.get_tensor(name)
                 except Exception as e:
                     raise ValueError(f"{f}: cannot read tensor {name!r} ({e})") from None
-                shape = wanted.get(name)  # None: checked by the caller
-                if shape is not None and tuple(t.shape) != tuple(shape):
-                    raise ValueError(f"{f}: tensor {name!r} has shape {tuple(t.shape)}, config.json implies {tuple(shape)}")
+                check(f, name, t.shape)
                 out[name] = t
     return out
+
+
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
+def _header(file: Path) -> dict:
+    """A safetensors file's index: name -> (dtype, shape, absolute start, end)."""
+    try:
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            meta = json.loads(f.read(n))
+        return {name: (_ST_DTYPES[e["dtype"]], tuple(e["shape"]), 8 + n + e["data_offsets"][0], 8 + n + e["data_offsets"][1])
+                for name, e in meta.items() if name != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e!r})") from None
+
+
+class LazyTensors:
+    """name -> tensor, read from its file (into memory of its own, no mmap) when taken with ``pop``,
+    ``get`` or ``[]``; values set with ``[]=`` are kept as given."""
+
+    def __init__(self, entries: dict):
+        self.entries, self.kept = entries, {}
+
+    def _read(self, name):
+        file, dtype, shape, start, end = self.entries[name]
+        buf = bytearray(end - start)
+        with open(file, "rb") as f:
+            f.seek(start)
+            if f.readinto(buf) != len(buf):
+                raise ValueError(f"{file}: tensor {name!r} is cut short")
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape) if buf else torch.empty(shape, dtype=dtype)
+
+    def __contains__(self, name):
+        return name in self.kept or name in self.entries
+
+    def __getitem__(self, name):
+        return self.kept[name] if name in self.kept else self._read(name)
+
+    def __setitem__(self, name, value):
+        self.entries.pop(name, None)
+        self.kept[name] = value
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+    def pop(self, name, *default):
+        if name in self.kept:
+            return self.kept.pop(name)
+        if name in self.entries:
+            value = self._read(name)
+            del self.entries[name]
+            return value
+        if default:
+            return default[0]
+        raise KeyError(name)
 
 
 SHARED_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
@@ -175,12 +249,10 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
         wanted[hf + (QSCALE if hf + QSCALE in names else INT8_SCALE)] = None
         optional.update({hf + QMIN, hf + QHIGH})
     wanted.update(extra or {})
-    tensors = read_tensors(path, wanted, optional)
-    for hf, shape in quantized.items():
-        tensors[hf] = _quant_parts(tensors, hf, shape, path)
+    tensors = read_tensors(path, wanted, optional, lazy=bool(quantized))
     state = {}
-    for ours, parts in nmap.items():  # into panels one matrix at a time, freeing the file's copy
-        ws = [tensors.pop(hf) for hf, _ in parts]
+    for ours, parts in nmap.items():  # one matrix at a time: its file bytes are freed once it is in panels
+        ws = [_quant_parts(tensors, hf, shape, path) if hf in quantized else tensors.pop(hf) for hf, shape in parts]
         if any(hf in quantized for hf, _ in parts):
             if not all(hf in quantized for hf, _ in parts):
                 raise ValueError(f"{path}: {', '.join(hf for hf, _ in parts)} are fused into one matrix, but only "
@@ -190,9 +262,6 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
         else:
             state[ours] = torch.cat(ws) if len(ws) > 1 else ws[0]
     extras = {k: tensors[k] for k in (extra or {})}
-    if quantized:  # the dense rest gets memory of its own: a view would keep the whole file mapped
-        state = {k: v if is_quantized(v) else v.clone() for k, v in state.items()}
-        extras = {k: v.clone() for k, v in extras.items()}
     return state, extras
 
 
