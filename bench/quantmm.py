@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="toy sizes (the CPU's interpreter)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    from d3d.kernels import interpreting
+
     cuda = torch.cuda.is_available()
+    if not cuda and not interpreting():
+        raise SystemExit("bench quantmm: no GPU here; on a CPU run it in the Triton interpreter: "
+                         "TRITON_INTERPRET=1 python -m bench quantmm --quick")
     dev = "cuda" if cuda else "cpu"
     N, K = (128, 256) if args.quick else (4096, 4096)
     repeats = 2 if args.quick else 50

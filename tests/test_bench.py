@@ -140,11 +140,12 @@ def test_gpu_script_dry_run(tmp_path):
     """python -m bench gpu --dry-run: every stage of the GPU plan runs (CPU, toy sizes) and reports."""
     payload = bench_main_payload(["gpu", "--dry-run", "--out", str(tmp_path / "gpu")])
     schema.validate(payload)
-    assert list(payload["stages"]) == ["kernel-tests", "kernels-4k", "passes", "speculative", "hypotheses", "kernels-1k",
-                                       "kernels-8k"]
+    assert list(payload["stages"]) == ["kernel-tests", "kernels-4k", "passes", "speculative", "hypotheses", "quant",
+                                       "kernels-1k", "kernels-8k"]
     failed = {n: r["last_lines"] for n, r in payload["stages"].items() if r["status"] != "ok"}
     assert not failed, failed
-    for name in ("kernels_4k.json", "passes.json", "speculative.json", "hypotheses.json", "gpu.json", "summary.md"):
+    for name in ("kernels_4k.json", "passes.json", "speculative.json", "hypotheses.json", "quantmm.json", "gpu.json",
+                 "summary.md"):
         assert (tmp_path / "gpu" / name).is_file(), name
     schema.validate(json.loads((tmp_path / "gpu" / "passes.json").read_text()))
 
