@@ -177,7 +177,7 @@ def cmd_generate(args) -> int:
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer,
                        mode=mode, drafter=drafter, block_size=args.block_size,
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
-                       successor_threshold=args.successor_threshold, exact=args.exact,
+                       successor_threshold=args.successor_threshold, exact=args.exact or None,
                        hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
                        leaves=args.leaves, lookup=args.lookup, gate=args.gate,
                        datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None)
@@ -444,7 +444,8 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "
-                        "near-ties of the target's logits)")
+                        "near-ties of the target's logits); on by itself where quantized weights multiply int8 "
+                        "activations (d3d/quant.py)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")

@@ -114,7 +114,7 @@ def generate(
     on_round: Callable[[RoundInfo], None] | None = None,
     overlap: str | None = None,
     successor_threshold: float | None = None,
-    exact: bool = False,
+    exact: bool | None = None,
     hypotheses: int | None = None,
     fanout: int | None = None,
     verify_min_prob: float | str | None = None,
@@ -137,6 +137,9 @@ def generate(
         (``d3d.overlap.async_defaults``).
     exact: speculative modes on CPU verify with row-invariant attention: greedy output then equals
         ``ar`` token for token in bf16 too, at about +30-50% verification cost (``generate_speculative``).
+        None (default): on where the target multiplies int8-quantized activations (``d3d.quant``), whose
+        rounding turns attention's last-bit differences between a 1-row and a T-row pass into visible
+        ones; off elsewhere.
     verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
         at least this probability (0: all; ``generate_speculative``), or ``"auto"``: tokens per second
         times the seconds a verified row adds, measured as it runs (``d3d.row_price``); None = the
@@ -183,13 +186,18 @@ def generate(
         raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}")
     if (top_k is not None or top_p is not None) and temperature > 0:
         raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
+    if exact is None:
+        exact = model.int8_activations
+    if not isinstance(exact, bool):
+        raise ValueError(f"exact={exact!r}: must be True, False or None")
     B = block_size or drafter.block_size
     if not isinstance(B, int) or B < 2:
         raise ValueError(f"block_size={B!r}: must be an integer >= 2")
     check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
                  extra=2 * B + 2)
     if mode == "dflash":
-        return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round)
+        return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round,
+                               exact)
     settings = d3d_settings(model.device, mode, exact, model.dtype, quantized=model.quantized, overlap=overlap,
                             hypotheses=hypotheses,
                             fanout=fanout, successor_threshold=successor_threshold, verify_min_prob=verify_min_prob,

@@ -229,6 +229,11 @@ class Transformer(nn.Module):
         return any(is_quantized(getattr(m, "weight", None)) for m in self.modules())
 
     @property
+    def int8_activations(self) -> bool:
+        """Whether some matrix multiplies int8-quantized activations (``d3d.quant.int8_activations``)."""
+        return any(getattr(getattr(m, "weight", None), "int8_activations", False) for m in self.modules())
+
+    @property
     def weights(self) -> str:
         """How the matrices are stored: the dtype's name, or the quantized formats (``int8``, ``int4``, ``int4+int8``)."""
         formats = {m.weight.format for m in self.modules() if hasattr(m, "weight") and is_quantized(m.weight)}

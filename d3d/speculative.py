@@ -495,8 +495,10 @@ def generate_dflash(
     stop_ids: set[int] = frozenset(),
     stream: StreamFn | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
+    exact: bool = False,
 ) -> GenerationOutput:
     """The DFlash baseline: a synchronous loop whose drafter reads the target's hidden states.
+    ``exact``: verification attends as AR steps do (``generate_speculative``).
 
     Every target pass (prefill, verification) also returns the hidden states of the drafter's
     ``target_layer_ids``; those of the newly committed tokens (all but the anchor, whose hidden
@@ -522,7 +524,7 @@ def generate_dflash(
         drafts, (t0, t1) = clock.timed(lambda: drafter.draft(ccache, rows, [seqs.committed[i][-1] for i in rows], B - 1))
         stats.drafter_forwards += 1
         stats.draft_seconds += t1 - t0
-        v = seqs.verification(rows, drafts)
+        v = seqs.verification(rows, drafts, exact)
         (logits, hidden), v_span = clock.timed(lambda: target(v.ids, v.layout, v.cache, hidden_layers=layers))
         draft_list = drafts.tolist()
         outcomes = seqs.judge(logits, drafts, draft_list, rnd)

@@ -145,6 +145,65 @@ def test_named_argument_errors():
         quantize(torch.randn(4, 48), "int4")
 
 
+needs_vnni = pytest.mark.skipif(not kernel.vnni_available(), reason=f"VNNI kernel unavailable: {kernel._load_vnni()[1]}")
+
+
+def test_vnni_builds_where_the_cpu_and_a_compiler_allow():
+    if kernel.VNNI_FLAGS <= precision.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
+        assert kernel.vnni_available(), kernel._load_vnni()[1]
+    else:
+        assert not kernel.vnni_available()
+
+
+@needs_vnni
+@pytest.mark.parametrize("bits,half,M,N,K,group", [
+    (bits, half, *shape) for bits in (8, 5, 4) for half in (False, True)
+    for shape in [(1, 17, 64, 32), (3, 33, 96, 32), (5, 70, 512, 64), (9, 100, 640, 32), (13, 40, 64, 16),
+                  (2, 37, 288, 288)]])
+def test_int8_activations_equal_their_loop_oracle_and_stay_close(bits, half, M, N, K, group):
+    """The VNNI kernel: bit for bit its oracle (activations quantized per row and group, exact integer
+    sums); every row as alone; within ~1% of the fp32-activation product (random inputs)."""
+    from d3d.kernels.naive import quant_vnni_reference
+
+    g = torch.Generator().manual_seed(M * 100 + N + K + bits)
+    x = torch.randn(M, K, generator=g)
+    q, s, m, h = random_format(bits, N, K, group, g, half)
+    args = (kernel.to_panels(q), kernel.to_panels(s), None if m is None else kernel.to_panels(m), N, bits,
+            None if h is None else kernel.bits_to_panels(h, N))
+    got = kernel.matmul_vnni(x, *args)
+    assert torch.equal(got, quant_vnni_reference(x, q, s, m, bits, h))
+    for i in range(M):
+        assert torch.equal(kernel.matmul_vnni(x[i:i + 1], *args), got[i:i + 1]), i
+    exact = x @ kernel.dequantize(q, s, m, bits, h).T
+    assert (got - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+@needs_vnni
+def test_int8_activations_row_invariance_over_every_row_count():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(20, 896, generator=g)
+    q, s, m, h = random_format(5, 200, 896, 32, g, half=True)
+    args = (kernel.to_panels(q), kernel.to_panels(s), None, 200, 5, kernel.bits_to_panels(h, 200))
+    full = kernel.matmul_vnni(x, *args)
+    for M in range(1, 21):
+        assert torch.equal(kernel.matmul_vnni(x[:M], *args), full[:M]), M
+    perm = torch.randperm(20, generator=g)
+    assert torch.equal(kernel.matmul_vnni(x[perm], *args), full[perm])
+
+
+def test_activation_choice(monkeypatch):
+    from d3d.quant import int8_activations
+
+    monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "fp32")
+    assert not int8_activations(896, 32)
+    monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "auto")
+    assert int8_activations(896, 32) == kernel.vnni_available()
+    assert not int8_activations(896, 8)  # groups the integer path does not take: fp32 activations
+    monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "int4")
+    with pytest.raises(ValueError, match="D3D_QUANT_ACTIVATIONS='int4'"):
+        int8_activations(896, 32)
+
+
 def test_panels_round_trip_and_row_lookup():
     t = torch.arange(37 * 5, dtype=torch.float32).view(37, 5)
     p = kernel.to_panels(t)
@@ -260,6 +319,7 @@ def test_quantized_gguf_converts_loads_without_gguf_and_decodes_losslessly(tmp_p
     assert (tmp_path / "q" / "model.safetensors").stat().st_size * 3 < (tmp_path / "f" / "model.safetensors").stat().st_size
     monkeypatch.setitem(sys.modules, "gguf", None)  # loading needs no gguf package
     monkeypatch.delenv("D3D_WEIGHTS")  # conftest pins fp32; here "auto" keeps the checkpoint's blocks
+    monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "fp32")  # the exact kernel: the dequantized model's logits
     quant = d3d.load_model(tmp_path / "q")
     dense = d3d.load_model(tmp_path / "f", weights="fp32")
     assert quant.weights_choice.weights == "checkpoint" and quant.weights in ("int8", "int8+int5", "int4")
@@ -269,6 +329,12 @@ def test_quantized_gguf_converts_loads_without_gguf_and_decodes_losslessly(tmp_p
         torch.testing.assert_close(quant(ids), dense(ids), atol=1e-4, rtol=1e-4)
     assert d3d.load_model(tmp_path / "q", weights="fp32").weights == "float32"  # dequantized on request
     check_speculative_equals_ar(quant)
+    if kernel.vnni_available():  # int8 activations: close to the dense model, and as lossless
+        monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "int8")
+        fast = d3d.load_model(tmp_path / "q")
+        with torch.no_grad():
+            torch.testing.assert_close(fast(ids), dense(ids), atol=0.05, rtol=0.05)
+        check_speculative_equals_ar(fast)
 
 
 def check_speculative_equals_ar(target):
@@ -286,13 +352,15 @@ def check_speculative_equals_ar(target):
 # ---------------------------------------------------------------- models and the policy
 
 @needs_kernel
+@pytest.mark.parametrize("activations", ["fp32", "auto"])
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_bundled_pair_quantized_is_lossless(fmt):
+def test_bundled_pair_quantized_is_lossless(fmt, activations, monkeypatch):
     """The bundled target and drafter quantized at load: every mode's greedy output equals AR on the
     same weights, and the drafter follows the target's format."""
     from pathlib import Path
 
     models = Path(__file__).resolve().parents[1] / "models"
+    monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", activations)
     target = d3d.load_model(models / "target-16m", weights=fmt)
     drafter = d3d.load_drafter(models / "d3d-drafter-16m", target=target)
     assert target.weights == fmt and drafter.model.weights == fmt and target.dtype == torch.float32

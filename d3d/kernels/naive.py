@@ -11,7 +11,7 @@ import math
 import torch
 
 __all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_matmul_reference",
-           "quant_matmul_reference"]
+           "quant_matmul_reference", "quant_vnni_reference"]
 
 
 def packed_attention_reference(
@@ -118,3 +118,36 @@ def quant_matmul_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m:
                 v = v - m[n, k // group].float()
             w[n, k] = v
     return skinny_matmul_reference(x, w)
+
+
+def quant_vnni_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: int,
+                         h: torch.Tensor | None = None) -> torch.Tensor:
+    """The int8-activation kernel of ``d3d.kernels.quant.matmul_vnni``, by loops over groups: per row
+    and group a of A inputs (32; 16 where the weights' group is 16) qx = round(x / sx), sx = max|x| / 127
+    (fp32), I = sum (q - offset) qx exactly, acc = fp32(acc + I fl(s sx)) (one rounding, as an fma),
+    int4 then acc = fp32(acc - m X) with X the fp32 sum of x over the group in k order."""
+    from .quant import dequantize
+
+    N, K = q.shape[0], x.shape[1]
+    G = K // s.shape[1]
+    A = 16 if G == 16 else 32
+    # the integer weights: dequantize with unit scales (int4: q; int5: q - 16; int8: q)
+    qi = dequantize(q, torch.ones_like(s, dtype=torch.float32), None, bits, h).double()
+    out = torch.empty(x.shape[0], N, dtype=torch.float32)
+    for r in range(x.shape[0]):
+        acc = torch.zeros(N, dtype=torch.float32)
+        for a in range(K // A):
+            xa = x[r, a * A:(a + 1) * A]
+            sx = (xa.abs().max() / 127).float()
+            qx = torch.round(xa / sx) if sx > 0 else torch.zeros_like(xa)
+            i = (qi[:, a * A:(a + 1) * A] * qx.double()).sum(1)  # exact: integers
+            g = a * A // G
+            scale = (s[:, g].float() * sx).float()
+            acc = (acc.double() + i * scale.double()).float()
+            if m is not None:
+                total = torch.zeros((), dtype=torch.float32)
+                for v in xa:
+                    total = (total + v).float()
+                acc = (acc.double() - m[:, g].float().double() * total.double()).float()
+        out[r] = acc
+    return out

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..precision import cpu_flags
 from .cpp import AVX2_FLAGS, build
 
 SOURCE = Path(__file__).with_name("quant_gemm.cpp")
@@ -32,6 +33,35 @@ PANEL = 16
 def _load():
     """(module, None) or (None, why not). -ffp-contract=off: int4's q * s - m must round twice, as in torch."""
     return build("d3d_quant_gemm", SOURCE, AVX2_FLAGS + ["-ffp-contract=off"])
+
+
+VNNI_SOURCE = Path(__file__).with_name("quant_vnni.cpp")
+VNNI_FLAGS = {"avx512bw", "avx512_vnni", "avx512vbmi"}
+
+
+@functools.cache
+def _load_vnni():
+    """The int8-activation kernel (``quant_vnni.cpp``): (module, None) or (None, why not)."""
+    missing = VNNI_FLAGS - cpu_flags()
+    if missing:
+        return None, f"this CPU lacks {' and '.join(sorted(missing))}"
+    return build("d3d_quant_vnni", VNNI_SOURCE, AVX2_FLAGS)
+
+
+def vnni_available() -> bool:
+    return _load_vnni()[0] is not None
+
+
+def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
+                h: torch.Tensor | None = None) -> torch.Tensor:
+    """``matmul`` with the activations quantized to int8 per row and group of 32 (16 where the weights'
+    group is 16) and integer dot products (``quant_vnni.cpp``; numerics there). Needs AVX-512 VNNI."""
+    module, why = _load_vnni()
+    if module is None:
+        raise RuntimeError(f"d3d.kernels.quant: the VNNI kernel is unavailable: {why}")
+    _check(x, q, s, m, n, bits, h)
+    return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
+                         bits)
 
 
 def available() -> bool:
@@ -158,5 +188,5 @@ def matmul_packed(x, q, h, s, m, n, bits):
                              x.shape[1] // s.shape[1], bits, 0)
 
 
-__all__ = ["available", "why_unavailable", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels",
+__all__ = ["available", "why_unavailable", "vnni_available", "matmul_vnni", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels",
            "unpack_bits", "pack_bits", "dequantize", "matmul", "matmul_packed", "PANEL", "ISAS"]

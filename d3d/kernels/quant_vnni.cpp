@@ -1,0 +1,270 @@
+// Weight-only quantized matmul with int8 activations and integer dot products (AVX-512 VNNI):
+// y = x W^T for the int8 / int5 / int4 panels of quant_gemm.cpp, read as they are.
+//
+// Why: quant_gemm.cpp converts every weight to fp32 before its fma (~0.5 instructions per weight)
+// and is bound by instructions, not by memory, on a 2-core CPU. Here the activations are quantized
+// instead, once per pass (llama.cpp's approach for its CPU dot products): per row and per group of
+// A = 32 inputs (16 where the weights' group is 16), qx = round(x / sx) with sx = max|x| / 127, and
+// one vpdpbusd multiplies 64 weight bytes by 4 activation bytes at a time, exactly, in int32.
+//
+// Numerics, per row m, output n, activation group a (weights' group g(a), offset z: 128 for int8,
+// whose bytes are read as q + 128, 16 for int5, 0 for int4):
+//   I = sum_{k in a} (q[n, k] + z) qx[m, k] - z sum_{k in a} qx[m, k]          (exact integers)
+//   acc = fma(float(I), fl(s[n, g] * sx[m, a]), acc);  int4: acc = fma(-m[n, g], X[m, a], acc)
+// with X the fp32 sum of x over the group in k order, groups in k order from acc = 0. Every row's
+// result depends on that row alone, so it is row-invariant for every row count, tile and thread.
+// Loop oracle: naive.quant_vnni_reference.
+//
+// Layouts: the panels of quant_gemm.cpp. A 64-byte load holds 4 steps (int8: k .. k + 3) or 4 k
+// pairs (int4/int5: k .. k + 7) of 16 columns, byte [i][j]; vpermb turns it into [j][i], so each
+// 32-bit lane holds one column's 4 bytes, as vpdpbusd wants. For int4/int5 the low nibbles of a lane
+// are k, k+2, k+4, k+6 and the high ones k+1, k+3, k+5, k+7: the activations are laid out in that
+// order once per pass (integer sums do not depend on the order). int5's high bits (one 32-bit word
+// per k pair) are expanded to 0x10 bytes and permuted the same way.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t NR = 16;
+constexpr int64_t GROUP = 4;  // panels a thread takes at a time
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")
+
+struct Act {  // the quantized activations of all rows
+    const int8_t* q;      // [M, K], in the format's k order
+    const float* scale;   // [M, K / A]
+    const int32_t* sum;   // [M, K / A]: sum of qx
+    const float* xsum;    // [M, K / A]: fp32 sum of x (int4's mins)
+    int64_t K, A;
+};
+
+struct Weights {
+    const uint8_t* q;
+    const uint8_t* h;
+    const void* s;
+    const void* m;
+    int64_t qstride, hstride, sstride, group;
+};
+
+template <bool HALF>
+inline __m512 load16(const void* p, int64_t i) {
+    if constexpr (HALF)
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+    else
+        return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// [i][j] (4 x 16 bytes) -> [j][i] (16 lanes of 4 bytes)
+inline __m512i transpose4x16(__m512i v) {
+    alignas(64) static const uint8_t idx[64] = {
+        0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38, 54,
+        7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61,
+        14, 30, 46, 62, 15, 31, 47, 63};
+    return _mm512_permutexvar_epi8(_mm512_load_si512(idx), v);
+}
+
+template <int MR, int NP, int BITS, bool HALF>
+void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1,
+          const int64_t* cols) {
+    __m512 acc[MR][NP];
+    for (int m = 0; m < MR; ++m)
+        for (int p = 0; p < NP; ++p)
+            acc[m][p] = a0 == 0 ? _mm512_setzero_ps()
+                                : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << cols[p]) - 1), y + m * ldy + p * NR);
+    const int64_t A = X.A, K = X.K;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i sixteen = _mm512_set1_epi8(0x10);
+    for (int64_t a = a0; a < a1; ++a) {  // activation groups, in k order
+        __m512i I[MR][NP];
+        for (int m = 0; m < MR; ++m)
+            for (int p = 0; p < NP; ++p) I[m][p] = _mm512_setzero_si512();
+        const int64_t k0 = a * A;
+        for (int64_t k = k0; k < k0 + A; k += (BITS == 8 ? 4 : 8)) {
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; ++p) {
+                const uint8_t* q = W.q + p * W.qstride + (BITS == 8 ? k : k / 2) * NR;
+                _mm_prefetch(reinterpret_cast<const char*>(q + 16 * 64), _MM_HINT_T0);
+                __m512i v = transpose4x16(_mm512_loadu_si512(q));
+                if constexpr (BITS == 8) {
+                    v = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
+#pragma GCC unroll 12
+                    for (int m = 0; m < MR; ++m) {
+                        int32_t xb;
+                        std::memcpy(&xb, X.q + (m0 + m) * K + k, 4);
+                        I[m][p] = _mm512_dpbusd_epi32(I[m][p], v, _mm512_set1_epi32(xb));
+                    }
+                } else {
+                    __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                    if constexpr (BITS == 5) {
+                        const uint8_t* hp = W.h + p * W.hstride + k * 2;  // 4 words: k pairs k/2 .. k/2 + 3
+                        uint32_t w[4];
+                        std::memcpy(w, hp, 16);
+                        const __mmask64 even = static_cast<__mmask64>(w[0] & 0xFFFF) |
+                                               static_cast<__mmask64>(w[1] & 0xFFFF) << 16 |
+                                               static_cast<__mmask64>(w[2] & 0xFFFF) << 32 |
+                                               static_cast<__mmask64>(w[3] & 0xFFFF) << 48;
+                        const __mmask64 odd = static_cast<__mmask64>(w[0] >> 16) | static_cast<__mmask64>(w[1] >> 16) << 16 |
+                                              static_cast<__mmask64>(w[2] >> 16) << 32 |
+                                              static_cast<__mmask64>(w[3] >> 16) << 48;
+                        lo = _mm512_or_si512(lo, transpose4x16(_mm512_maskz_mov_epi8(even, sixteen)));
+                        hi = _mm512_or_si512(hi, transpose4x16(_mm512_maskz_mov_epi8(odd, sixteen)));
+                    }
+#pragma GCC unroll 12
+                    for (int m = 0; m < MR; ++m) {
+                        int32_t xe, xo;  // the activations of k, k+2, k+4, k+6, then of the odd k
+                        std::memcpy(&xe, X.q + (m0 + m) * K + k, 4);
+                        std::memcpy(&xo, X.q + (m0 + m) * K + k + 4, 4);
+                        I[m][p] = _mm512_dpbusd_epi32(I[m][p], lo, _mm512_set1_epi32(xe));
+                        I[m][p] = _mm512_dpbusd_epi32(I[m][p], hi, _mm512_set1_epi32(xo));
+                    }
+                }
+            }
+        }
+        const int64_t g = k0 / W.group;
+        constexpr int32_t Z = BITS == 8 ? 128 : BITS == 5 ? 16 : 0;
+        for (int p = 0; p < NP; ++p) {
+            const __m512 s = load16<HALF>(W.s, p * W.sstride + g * NR);
+            const __m512 mn = BITS == 4 ? load16<HALF>(W.m, p * W.sstride + g * NR) : s;
+#pragma GCC unroll 12
+            for (int m = 0; m < MR; ++m) {
+                const int64_t i = (m0 + m) * (K / A) + a;
+                __m512i Ic = I[m][p];
+                if constexpr (Z != 0) Ic = _mm512_sub_epi32(Ic, _mm512_set1_epi32(Z * X.sum[i]));
+                acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Ic), _mm512_mul_ps(s, _mm512_set1_ps(X.scale[i])), acc[m][p]);
+                if constexpr (BITS == 4) acc[m][p] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X.xsum[i]), acc[m][p]);
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int p = 0; p < NP; ++p)
+            _mm512_mask_storeu_ps(y + m * ldy + p * NR, static_cast<__mmask16>((1u << cols[p]) - 1), acc[m][p]);
+}
+
+template <int BITS, bool HALF>
+void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0,
+             int64_t a1, const int64_t* cols) {
+#define D3D_TILE(R, P) \
+    if (mr == R && np == P) return tile<R, P, BITS, HALF>(X, m0, W, y, ldy, a0, a1, cols);
+    D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(5, 2) D3D_TILE(6, 2) D3D_TILE(1, 1)
+    D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1) D3D_TILE(5, 1) D3D_TILE(6, 1) D3D_TILE(7, 1) D3D_TILE(8, 1)
+#undef D3D_TILE
+}
+
+template <int BITS, bool HALF>
+void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
+    const int64_t blocks = X.K / X.A, AB = std::max<int64_t>(1, 256 / X.A);  // activation groups per k block
+    at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
+        for (int64_t gi = g0; gi < g1; ++gi) {
+            const int64_t p0 = gi * GROUP, npg = std::min(GROUP, P - p0);
+            for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
+                const int64_t a1 = std::min(blocks, a0 + AB);
+                for (int64_t m = 0; m < M;) {  // tiles of at most 8 rows, as even as possible
+                    const int64_t left = M - m, tiles = (left + 7) / 8, mr = (left + tiles - 1) / tiles;
+                    const int64_t np = mr <= 2 ? 4 : mr <= 6 ? 2 : 1;
+                    for (int64_t p = 0; p < npg;) {
+                        const int64_t n = np <= npg - p ? np : 1;
+                        int64_t cols[GROUP];
+                        for (int64_t i = 0; i < n; ++i) cols[i] = std::min(NR, N - (p0 + p + i) * NR);
+                        Weights W = W0;
+                        W.q += (p0 + p) * W.qstride;
+                        W.h += (p0 + p) * W.hstride;
+                        const int64_t soff = (p0 + p) * W.sstride * (HALF ? 2 : 4);
+                        W.s = static_cast<const uint8_t*>(W.s) + soff;
+                        if (W.m) W.m = static_cast<const uint8_t*>(W.m) + soff;
+                        tile_of<BITS, HALF>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
+                        p += n;
+                    }
+                    m += mr;
+                }
+            }
+        }
+    });
+}
+
+#pragma GCC pop_options
+
+// The activations of every row, quantized per group of A: qx (in the format's k order), sx, sum qx, sum x.
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, bool nibble_order, int8_t* q, float* scale,
+                   int32_t* sum, float* xsum) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t a = 0; a < K / A; ++a) {
+            const float* xa = x + m * K + a * A;
+            float amax = 0.f, total = 0.f;
+            for (int64_t i = 0; i < A; ++i) {
+                amax = std::max(amax, std::fabs(xa[i]));
+                total += xa[i];
+            }
+            const float sx = amax / 127.f;
+            int32_t s = 0;
+            for (int64_t i = 0; i < A; ++i) {
+                // int4/int5 lanes hold k, k+2, k+4, k+6 then k+1, k+3, k+5, k+7 of each 8
+                const int64_t src = nibble_order ? (i & ~7) + ((i & 7) < 4 ? 2 * (i & 3) : 2 * (i & 3) + 1) : i;
+                const int32_t v = sx > 0.f ? static_cast<int32_t>(std::nearbyint(xa[src] / sx)) : 0;
+                q[m * K + a * A + i] = static_cast<int8_t>(v);
+                s += v;
+            }
+            scale[m * (K / A) + a] = sx;
+            sum[m * (K / A) + a] = s;
+            xsum[m * (K / A) + a] = total;
+        }
+}
+
+}  // namespace
+
+// y [M, N] = x [M, K] @ W^T with int8 activations (see the top); the weights as quant_gemm.matmul takes them.
+torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& s,
+                     const torch::Tensor& m, int64_t N, int64_t G, int64_t bits) {
+    TORCH_CHECK(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+                    __builtin_cpu_supports("avx512bw"),
+                "quant_vnni.matmul: this CPU lacks AVX-512 VNNI/VBMI/BW");
+    TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "quant_vnni.matmul: bits must be 8, 5 or 4, got ", bits);
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+                "quant_vnni.matmul: x must be a 2-D fp32 CPU tensor, got ", x.sizes());
+    const int64_t K = x.size(1), KQ = bits == 8 ? K : K / 2, A = G == 16 ? 16 : 32;
+    TORCH_CHECK(G % A == 0 && K % A == 0, "quant_vnni.matmul: groups of ", G, " over K=", K,
+                " need G = 16 or a multiple of 32 and K a multiple of ", A);
+    TORCH_CHECK(q.dim() == 3 && q.size(2) == NR && q.is_contiguous() && q.size(1) == KQ &&
+                    q.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8),
+                "quant_vnni.matmul: q must be contiguous panels [P, ", KQ, ", 16], got ", q.sizes());
+    const int64_t P = q.size(0);
+    const bool half = s.scalar_type() == torch::kHalf;
+    TORCH_CHECK(s.dim() == 3 && s.is_contiguous() && (half || s.scalar_type() == torch::kFloat32) && s.size(0) == P &&
+                    s.size(1) == K / G && s.size(2) == NR,
+                "quant_vnni.matmul: scales must be contiguous fp32/fp16 [", P, ", ", K / G, ", 16], got ", s.sizes());
+    if (bits == 4)
+        TORCH_CHECK(m.sizes() == s.sizes() && m.is_contiguous() && m.scalar_type() == s.scalar_type(),
+                    "quant_vnni.matmul: mins must be shaped and typed like the scales");
+    if (bits == 5)
+        TORCH_CHECK(h.dim() == 3 && h.is_contiguous() && h.size(0) == P && h.size(1) == K / 2 && h.size(2) == 4,
+                    "quant_vnni.matmul: high bits must be [", P, ", ", K / 2, ", 4]");
+    TORCH_CHECK(N > (P - 1) * NR && N <= P * NR, "quant_vnni.matmul: N=", N, " does not fit ", P, " panels");
+    auto xc = x.contiguous();
+    const int64_t M = xc.size(0);
+    if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
+    std::vector<int8_t> qx(M * K);
+    std::vector<float> sx(M * (K / A)), xs(M * (K / A));
+    std::vector<int32_t> sq(M * (K / A));
+    quantize_rows(xc.data_ptr<float>(), M, K, A, bits != 8, qx.data(), sx.data(), sq.data(), xs.data());
+    const Act X{qx.data(), sx.data(), sq.data(), xs.data(), K, A};
+    const Weights W{reinterpret_cast<const uint8_t*>(q.data_ptr()), bits == 5 ? h.data_ptr<uint8_t>() : nullptr,
+                    s.data_ptr(), bits == 4 ? m.data_ptr() : nullptr, KQ * NR, bits == 5 ? (K / 2) * 4 : 0,
+                    s.size(1) * NR, G};
+    auto y = torch::empty({M, N}, x.options());
+    float* yp = y.data_ptr<float>();
+#define D3D_RUN(B, H) \
+    if (bits == B && half == H) run<B, H>(X, M, W, P, N, yp);
+    D3D_RUN(8, false) D3D_RUN(8, true) D3D_RUN(5, false) D3D_RUN(5, true) D3D_RUN(4, false) D3D_RUN(4, true)
+#undef D3D_RUN
+    return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("matmul", &matmul, "x [M, K] fp32 @ W^T with int8 activations and VNNI dot products -> y [M, N]");
+}
