@@ -186,6 +186,7 @@ def generate(
         raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}")
     if (top_k is not None or top_p is not None) and temperature > 0:
         raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
+    exact_given = exact is not None
     if exact is None:
         exact = model.int8_activations
     if not isinstance(exact, bool):
@@ -201,7 +202,7 @@ def generate(
     settings = d3d_settings(model.device, mode, exact, model.dtype, quantized=model.quantized, overlap=overlap,
                             hypotheses=hypotheses,
                             fanout=fanout, successor_threshold=successor_threshold, verify_min_prob=verify_min_prob,
-                            leaves=leaves, lookup=lookup, gate=gate)
+                            leaves=leaves, lookup=lookup, gate=gate, exact_given=exact_given)
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, exact=exact, datastore=datastore, **settings)
 
@@ -217,7 +218,7 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
                 "leaves": 0 if exact else default_leaves(device, mode, dtype, quantized),
                 "lookup": default_lookup(device, mode),
                 "gate": default_gate(device, mode)}
-    s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
+    s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}  # given: also exact_given
     if s["overlap"] not in OVERLAPS:
         raise ValueError(f"overlap={s['overlap']!r}: expected one of {OVERLAPS}")
     if not isinstance(s["gate"], bool):
@@ -232,8 +233,11 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
     if exact and s["leaves"]:
-        raise ValueError(f"exact=True with leaves={s['leaves']}: a leaf attends through a mask, not as a one-token "
-                         "step does, so its output could part from ar in low precision; use leaves=0")
+        why = "exact=True" if given.get("exact_given", True) else \
+            "a target with int8 activations (its speculative modes verify with exact=True; d3d/quant.py)"
+        raise ValueError(f"leaves={s['leaves']} with {why}: a leaf attends through a mask, not as a one-token "
+                         "step does, so its output could part from ar in low precision; use leaves=0"
+                         + ("" if given.get("exact_given", True) else ", or D3D_QUANT_ACTIVATIONS=fp32"))
     if exact and mode == "async" and s["overlap"] == "packed":
         raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
                          "not 'packed' (its joint pass attends all rows at once)")

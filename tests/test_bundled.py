@@ -102,14 +102,19 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     prompts = load_prompt_set("humaneval", tok, 2, chat=True)
     ar = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids())
     hits = copies = 0
-    for mode, kw in (("sync", {}), ("sync", dict(leaves=4, lookup=0)), ("async", {})):
+    leaves = not target.int8_activations  # with int8 activations verification is exact, which takes no leaves
+    runs = (("sync", {}), ("sync", dict(leaves=4, lookup=0) if leaves else dict(lookup=0)), ("async", {}))
+    for mode, kw in runs:
         out = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids(), mode=mode,
                            drafter=drafter, **kw)
         assert out.tokens == ar.tokens, (mode, kw)
-        assert out.stats.tau > 1.5
+        assert out.stats.tau > (1.5 if leaves or "lookup" not in kw else 1.1)  # the drafter alone, no leaves: less
         hits += out.stats.leaf_hits
         copies += out.stats.lookup_drafts
-    assert hits > 0 and copies > 0
+    assert (hits > 0) == leaves and copies > 0
+    if not leaves:
+        with pytest.raises(ValueError, match="leaves=4 with a target with int8 activations"):
+            d3d.generate(target, prompts, max_new_tokens=8, mode="sync", drafter=drafter, leaves=4)
 
 
 @pytest.mark.skipif(not (DRAFTER / "config.json").exists(), reason="bundled drafter not trained yet")

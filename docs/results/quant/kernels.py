@@ -1,4 +1,5 @@
-"""Per-matrix cost of the quantized kernel by format, scale dtype and instruction set, beside oneDNN's
+"""Per-matrix cost of the quantized kernels by format, scale dtype and instruction set (vnni: int8
+activations, ``quant_vnni.cpp``; avx2/avx512: fp32 activations, ``quant_gemm.cpp``), beside oneDNN's
 bf16 and fp32 (a 9728 x 896 matrix, the 0.5B target's fused gate/up; 12 copies streamed so that the
 weights come from memory, as in decoding; 2 threads; median of 5 sweeps, ms per matrix).
 
@@ -54,10 +55,15 @@ for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     print(f"{name:9s} -      oneDNN  {ws[0].numel() * ws[0].element_size() / 1e6:5.1f}      "
           + sweep(ws, dtype, lambda x, w: cpu_linear.linear(x, w)), flush=True)
 isas = ["avx2"] + (["avx512"] if {"avx512bw", "avx512vl"} <= cpu_flags() else [])
+isas += ["vnni"] if K.vnni_available() else []  # int8 activations, integer dot products
 for bits in (8, 5, 4):
     for half in (True, False):
         ws = [quant(bits, half) for _ in range(L)]
         for isa in isas:
-            call = lambda x, w: K.matmul(x, w.q, w.scale, w.min, w.out_features, w.bits, isa=isa, h=w.high)  # noqa
+            if isa == "vnni":
+                call = lambda x, w: K.matmul_vnni(x, w.q, w.scale, w.min, w.out_features, w.bits, w.high)  # noqa
+            else:
+                call = lambda x, w, isa=isa: K.matmul(x, w.q, w.scale, w.min, w.out_features, w.bits, isa=isa,  # noqa
+                                                      h=w.high)
             print(f"int{bits:<5d} {'fp16' if half else 'fp32':6s} {isa:7s} {ws[0].nbytes / 1e6:5.1f}      "
                   + sweep(ws, torch.float32, call), flush=True)
