@@ -154,7 +154,7 @@ def int8_activations(k: int, group: int) -> bool:
     and group of 32, integer dot products) instead of fp32 ones (``kernels.quant.matmul``: bit-equal
     to the fp32 model). ``D3D_QUANT_ACTIVATIONS`` = ``fp32``, ``int8`` or ``auto`` (the default):
     int8 where the CPU has AVX-512 VNNI and VBMI. Chosen on the real model (AMD Zen 5, 2 cores,
-    docs/results/quant/): a decoding step 20.9 -> 16.1 ms; validation requests, the defaults (which
+    docs/results/quant/): a decoding step 20.9 -> 16.1-17.4 ms; validation requests, the defaults (which
     then verify with ``exact`` attention, ``d3d.engines.generate``): code 61.0 -> 74.7 tok/s,
     explanations 43.0 -> 53.6. Its accuracy cost: docs/results/quant/quality_qwen25.json."""
     choice = os.environ.get("D3D_QUANT_ACTIVATIONS", "auto")

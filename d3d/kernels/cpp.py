@@ -9,6 +9,7 @@ the instructions or the build fails, ``build`` returns why, and the caller keeps
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,9 @@ def build(name: str, source: Path, cflags: list[str]) -> tuple[object | None, st
             print(f"d3d: compiling {source.name} for this CPU (first use only, ~35 s on 2 cores) ...",
                   file=sys.stderr, flush=True)
         start = time.perf_counter()
-        module = load(name=name, sources=[str(source)], verbose=False, extra_cflags=cflags,
+        # torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag
+        headers = hashlib.sha1(b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))).hexdigest()[:12]
+        module = load(name=name, sources=[str(source)], verbose=False, extra_cflags=cflags + [f"-DD3D_HEADERS={headers}"],
                       extra_ldflags=["-fopenmp"])
         if not cached:
             print(f"d3d: built {source.name} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)

@@ -30,23 +30,16 @@
 
 #include <cstring>
 
+#include "quant_panels.h"
+
 namespace {
 
-constexpr int64_t NR = 16;    // columns per panel
+using d3d_quant::GROUP;
+using d3d_quant::NR;
+using d3d_quant::load16;
+using d3d_quant::Weights;
 constexpr int64_t KC = 256;   // k per block: a panel slice stays in L1 while every row tile uses it
-constexpr int64_t GROUP = 4;  // panels a thread takes at a time (the widest tile)
 constexpr int64_t AHEAD = 32;  // k steps prefetched ahead (as skinny_gemm.cpp)
-
-struct Weights {
-    const uint8_t* q;   // panel 0 of this tile
-    const uint8_t* h;   // int5's high bits
-    const void* s;      // scales (fp32 or fp16)
-    const void* m;      // int4's mins
-    int64_t qstride;    // bytes from one panel to the next
-    int64_t hstride;
-    int64_t sstride;    // scale elements from one panel to the next
-    int64_t group;      // G
-};
 
 // Bytes of one k step (int8) or k pair (int4/int5) of a panel, as 16 signed bytes; lo/hi: k and k + 1.
 template <int BITS>
@@ -178,14 +171,6 @@ void tile_of(int64_t mr, int64_t np, const float* x, int64_t ldx, const Weights&
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl")
 
-template <bool HALF>
-inline __m512 load16(const void* p, int64_t i) {
-    if constexpr (HALF)
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
-    else
-        return _mm512_loadu_ps(static_cast<const float*>(p) + i);
-}
-
 template <bool MIN>
 inline __m512 dequant512(__m128i b, __m512 scale, __m512 min) {
     __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), scale);
@@ -275,12 +260,7 @@ void panels(bool wide, const float* x, int64_t M, int64_t K, const Weights& W0, 
             const int64_t n = np <= np_group - p ? np : 1;  // the group's ragged end: one panel at a time
             int64_t cols[GROUP];
             for (int64_t i = 0; i < n; ++i) cols[i] = std::min(NR, N - (p0 + p + i) * NR);
-            Weights W = W0;
-            W.q += (p0 + p) * W.qstride;
-            W.h += (p0 + p) * W.hstride;
-            const int64_t soff = (p0 + p) * W.sstride * (HALF ? 2 : 4);
-            W.s = static_cast<const uint8_t*>(W.s) + soff;
-            if (W.m) W.m = static_cast<const uint8_t*>(W.m) + soff;
+            const Weights W = W0.at(p0 + p);
             if (wide)
                 tile_of512<BITS, HALF>(mr, n, x + m * K, K, W, y + m * N + (p0 + p) * NR, N, k0, k1, cols);
             else
@@ -309,30 +289,9 @@ void run(bool wide, const float* x, int64_t M, int64_t K, const Weights& W, int6
 // isa: 512 (AVX-512), 256 (AVX2) or 0 (AVX-512 where the CPU has it). All give the same bits.
 torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& s,
                      const torch::Tensor& m, int64_t N, int64_t G, int64_t bits, int64_t isa) {
-    TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "quant_gemm.matmul: bits must be 8, 5 or 4, got ", bits);
-    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
-                "quant_gemm.matmul: x must be a 2-D fp32 CPU tensor, got ", x.sizes(), " ", x.scalar_type());
-    const int64_t K = x.size(1), KQ = bits == 8 ? K : K / 2;
-    TORCH_CHECK(q.dim() == 3 && q.size(2) == NR && q.is_contiguous() &&
-                    q.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8) && q.size(1) == KQ,
-                "quant_gemm.matmul: q must be contiguous panels [P, ", KQ, ", 16] of ", (bits == 8 ? "int8" : "uint8"),
-                ", got ", q.sizes(), " ", q.scalar_type());
-    const int64_t P = q.size(0);
-    TORCH_CHECK(G > 0 && K % G == 0 && (bits == 8 || G % 2 == 0),
-                "quant_gemm.matmul: group ", G, " must divide K=", K, (bits != 8 ? " and be even" : ""));
-    const bool half = s.scalar_type() == torch::kHalf;
-    TORCH_CHECK(s.dim() == 3 && s.is_contiguous() && (half || s.scalar_type() == torch::kFloat32) &&
-                    s.size(0) == P && s.size(1) == K / G && s.size(2) == NR,
-                "quant_gemm.matmul: scales must be contiguous fp32 or fp16 [", P, ", ", K / G, ", 16], got ", s.sizes(),
-                " ", s.scalar_type());
-    if (bits == 4)
-        TORCH_CHECK(m.sizes() == s.sizes() && m.is_contiguous() && m.scalar_type() == s.scalar_type(),
-                    "quant_gemm.matmul: mins must be contiguous and shaped and typed like the scales, got ", m.sizes());
-    if (bits == 5)
-        TORCH_CHECK(h.dim() == 3 && h.is_contiguous() && h.scalar_type() == torch::kUInt8 && h.size(0) == P &&
-                        h.size(1) == K / 2 && h.size(2) == 4,
-                    "quant_gemm.matmul: high bits must be contiguous uint8 [", P, ", ", K / 2, ", 4], got ", h.sizes());
-    TORCH_CHECK(N > (P - 1) * NR && N <= P * NR, "quant_gemm.matmul: N=", N, " does not fit ", P, " panels");
+    const Weights W = d3d_quant::checked("quant_gemm.matmul", x, q, h, s, m, N, G, bits);
+    const int64_t K = x.size(1), P = q.size(0);
+    const bool half = W.half;
     const bool wide = isa == 512 || (isa == 0 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"));
     TORCH_CHECK(!wide || (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")),
                 "quant_gemm.matmul: isa=512 on a CPU without AVX-512 (BW, VL)");
@@ -340,9 +299,6 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     const int64_t M = xc.size(0);
     if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
     auto y = torch::empty({M, N}, x.options());
-    const Weights W{reinterpret_cast<const uint8_t*>(q.data_ptr()),
-                    bits == 5 ? h.data_ptr<uint8_t>() : nullptr, s.data_ptr(), bits == 4 ? m.data_ptr() : nullptr,
-                    KQ * NR, bits == 5 ? (K / 2) * 4 : 0, s.size(1) * NR, G};
     const float* xp = xc.data_ptr<float>();
     float* yp = y.data_ptr<float>();
 #define D3D_RUN(B, H) \

@@ -29,10 +29,14 @@
 #include <cstring>
 #include <vector>
 
+#include "quant_panels.h"
+
 namespace {
 
-constexpr int64_t NR = 16;
-constexpr int64_t GROUP = 4;  // panels a thread takes at a time
+using d3d_quant::GROUP;
+using d3d_quant::NR;
+using d3d_quant::load16;
+using d3d_quant::Weights;
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")
@@ -44,22 +48,6 @@ struct Act {  // the quantized activations of all rows
     const float* xsum;    // [M, K / A]: fp32 sum of x (int4's mins)
     int64_t K, A;
 };
-
-struct Weights {
-    const uint8_t* q;
-    const uint8_t* h;
-    const void* s;
-    const void* m;
-    int64_t qstride, hstride, sstride, group;
-};
-
-template <bool HALF>
-inline __m512 load16(const void* p, int64_t i) {
-    if constexpr (HALF)
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
-    else
-        return _mm512_loadu_ps(static_cast<const float*>(p) + i);
-}
 
 // [i][j] (4 x 16 bytes) -> [j][i] (16 lanes of 4 bytes)
 inline __m512i transpose4x16(__m512i v) {
@@ -172,12 +160,7 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
                         const int64_t n = np <= npg - p ? np : 1;
                         int64_t cols[GROUP];
                         for (int64_t i = 0; i < n; ++i) cols[i] = std::min(NR, N - (p0 + p + i) * NR);
-                        Weights W = W0;
-                        W.q += (p0 + p) * W.qstride;
-                        W.h += (p0 + p) * W.hstride;
-                        const int64_t soff = (p0 + p) * W.sstride * (HALF ? 2 : 4);
-                        W.s = static_cast<const uint8_t*>(W.s) + soff;
-                        if (W.m) W.m = static_cast<const uint8_t*>(W.m) + soff;
+                        const Weights W = W0.at(p0 + p);
                         tile_of<BITS, HALF>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
                         p += n;
                     }
@@ -224,27 +207,11 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     TORCH_CHECK(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
                     __builtin_cpu_supports("avx512bw"),
                 "quant_vnni.matmul: this CPU lacks AVX-512 VNNI/VBMI/BW");
-    TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "quant_vnni.matmul: bits must be 8, 5 or 4, got ", bits);
-    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
-                "quant_vnni.matmul: x must be a 2-D fp32 CPU tensor, got ", x.sizes());
-    const int64_t K = x.size(1), KQ = bits == 8 ? K : K / 2, A = G == 16 ? 16 : 32;
+    const Weights W = d3d_quant::checked("quant_vnni.matmul", x, q, h, s, m, N, G, bits);
+    const int64_t K = x.size(1), P = q.size(0), A = G == 16 ? 16 : 32;
+    const bool half = W.half;
     TORCH_CHECK(G % A == 0 && K % A == 0, "quant_vnni.matmul: groups of ", G, " over K=", K,
                 " need G = 16 or a multiple of 32 and K a multiple of ", A);
-    TORCH_CHECK(q.dim() == 3 && q.size(2) == NR && q.is_contiguous() && q.size(1) == KQ &&
-                    q.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8),
-                "quant_vnni.matmul: q must be contiguous panels [P, ", KQ, ", 16], got ", q.sizes());
-    const int64_t P = q.size(0);
-    const bool half = s.scalar_type() == torch::kHalf;
-    TORCH_CHECK(s.dim() == 3 && s.is_contiguous() && (half || s.scalar_type() == torch::kFloat32) && s.size(0) == P &&
-                    s.size(1) == K / G && s.size(2) == NR,
-                "quant_vnni.matmul: scales must be contiguous fp32/fp16 [", P, ", ", K / G, ", 16], got ", s.sizes());
-    if (bits == 4)
-        TORCH_CHECK(m.sizes() == s.sizes() && m.is_contiguous() && m.scalar_type() == s.scalar_type(),
-                    "quant_vnni.matmul: mins must be shaped and typed like the scales");
-    if (bits == 5)
-        TORCH_CHECK(h.dim() == 3 && h.is_contiguous() && h.size(0) == P && h.size(1) == K / 2 && h.size(2) == 4,
-                    "quant_vnni.matmul: high bits must be [", P, ", ", K / 2, ", 4]");
-    TORCH_CHECK(N > (P - 1) * NR && N <= P * NR, "quant_vnni.matmul: N=", N, " does not fit ", P, " panels");
     auto xc = x.contiguous();
     const int64_t M = xc.size(0);
     if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
@@ -253,9 +220,6 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     std::vector<int32_t> sq(M * (K / A));
     quantize_rows(xc.data_ptr<float>(), M, K, A, bits != 8, qx.data(), sx.data(), sq.data(), xs.data());
     const Act X{qx.data(), sx.data(), sq.data(), xs.data(), K, A};
-    const Weights W{reinterpret_cast<const uint8_t*>(q.data_ptr()), bits == 5 ? h.data_ptr<uint8_t>() : nullptr,
-                    s.data_ptr(), bits == 4 ? m.data_ptr() : nullptr, KQ * NR, bits == 5 ? (K / 2) * 4 : 0,
-                    s.size(1) * NR, G};
     auto y = torch::empty({M, N}, x.options());
     float* yp = y.data_ptr<float>();
 #define D3D_RUN(B, H) \
