@@ -233,10 +233,11 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
     if exact and s["leaves"]:
-        why = "exact=True" if given.get("exact_given", True) else \
-            "a target with int8 activations (its speculative modes verify with exact=True; d3d/quant.py)"
-        raise ValueError(f"leaves={s['leaves']} with {why}: a leaf attends through a mask, not as a one-token "
-                         "step does, so its output could part from ar in low precision; use leaves=0"
+        what = (f"exact=True with leaves={s['leaves']}" if given.get("exact_given", True) else
+                f"leaves={s['leaves']} with a target with int8 activations (its speculative modes verify with "
+                "exact=True; d3d/quant.py)")
+        raise ValueError(f"{what}: a leaf attends through a mask, not as a one-token step does, so its output could "
+                         "part from ar in low precision; use leaves=0"
                          + ("" if given.get("exact_given", True) else ", or D3D_QUANT_ACTIVATIONS=fp32"))
     if exact and mode == "async" and s["overlap"] == "packed":
         raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
