@@ -471,7 +471,8 @@ def add_weights_argument(p) -> None:
                         "its blocks; a dense one gets int8 on a CPU where its matrices outgrow the last-level cache "
                         "and a streaming probe finds int8 faster, else --dtype. int8: one scale per row; int4: "
                         "groups of 32 with a scale and a min (changes the model more); dense (in --dtype), fp32, "
-                        "bf16: dense (dequantizing a quantized checkpoint). D3D_WEIGHTS overrides auto (d3d/precision.py)")
+                        "bf16: dense (dequantizing a quantized checkpoint). D3D_WEIGHTS overrides auto "
+                        "(d3d/precision.py)")
 
 
 def add_init_parser(sub) -> None:
@@ -591,7 +592,7 @@ def add_convert_gguf_parser(sub) -> None:
     c = sub.add_parser("convert-gguf", help="a Qwen2/Qwen3 GGUF into a HF-layout directory (quantized blocks kept)",
                        description="Convert a llama.cpp GGUF (Qwen2/Qwen3) and write config.json, model.safetensors, "
                                    "tokenizer.json and tokenizer_config.json (with the GGUF's chat template). Q8_0, "
-                                   "Q5_0, Q6_K, Q4_K, Q4_0 and Q4_1 blocks are kept as d3d's int8/int4 matrices "
+                                   "Q5_0, Q6_K, Q4_K, Q4_0 and Q4_1 blocks are kept as d3d's int8/int5/int4 matrices "
                                    "without re-quantization error (d3d/gguf.py); other block types become float32. "
                                    "Needs the gguf package: pip install -e '.[gguf]'; loading the result does not.")
     c.add_argument("src", help="input .gguf file")

@@ -147,8 +147,8 @@ def _header(file: Path) -> dict:
         with open(file, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
             meta = json.loads(f.read(n))
-        return {name: (_ST_DTYPES[e["dtype"]], tuple(e["shape"]), 8 + n + e["data_offsets"][0], 8 + n + e["data_offsets"][1])
-                for name, e in meta.items() if name != "__metadata__"}
+        return {name: (_ST_DTYPES[e["dtype"]], tuple(e["shape"]), 8 + n + e["data_offsets"][0],
+                       8 + n + e["data_offsets"][1]) for name, e in meta.items() if name != "__metadata__"}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{file}: not a readable safetensors file ({e!r})") from None
 

@@ -351,7 +351,7 @@ def drafter_weights(weights: str, target: Transformer | None, device) -> str | N
     if weights not in ("auto", "int8", "int4", "dense"):
         raise ValueError(f"weights={weights!r}: expected auto, int8, int4 or dense")
     if weights == "auto":
-        if target is None or target.weights == str(target.dtype).removeprefix("torch."):
+        if target is None or not target.quantized:
             return None
         weights = "int4" if target.weights == "int4" else "int8"
     if weights != "dense" and torch.device(device).type != "cpu":

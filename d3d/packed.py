@@ -29,8 +29,7 @@ _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num
 
 def can_pack(target: Transformer, drafter_model: Transformer) -> bool:
     return (all(getattr(target.cfg, f) == getattr(drafter_model.cfg, f) for f in _SHAPE_FIELDS)
-            and target.weights == str(target.dtype).removeprefix("torch.")  # stacked weights are dense
-            and drafter_model.weights == str(drafter_model.dtype).removeprefix("torch.")
+            and not target.quantized and not drafter_model.quantized  # stacked weights are dense
             and target.dtype == drafter_model.dtype and target.device == drafter_model.device
             and drafter_model.cfg.num_hidden_layers <= target.cfg.num_hidden_layers)
 

@@ -127,20 +127,17 @@ def resolve_dtype(dtype, device: torch.device | str = "cpu", checkpoint_dtype: s
     return DTYPES[dtype]
 
 
-
-
-
 # ---------------------------------------------------------------- the weights policy
 
-WEIGHTS = {"auto": "auto", "dense": "dense", "fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-           "fp16": "float16", "float16": "float16", "int8": "int8", "int4": "int4"}
+WEIGHTS = {"auto": "auto", "dense": "dense", "fp32": "float32", "float32": "float32", "bf16": "bfloat16",
+           "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "int8": "int8", "int4": "int4"}
 PROBE_SHAPE = (2048, 1024)  # one probe matrix; the probe streams enough of them to leave the last-level cache
 
 
 @dataclass(frozen=True)
 class WeightsChoice:
-    """How ``load_model`` holds the matrices (recorded in bench JSON): a dense dtype's name, ``int8``,
-    ``int4``, or ``checkpoint`` (a quantized checkpoint's own blocks)."""
+    """How ``load_model`` holds the matrices (``model.weights_choice``): a dense dtype's name, ``dense``
+    (the dtype policy's), ``int8``, ``int4``, or ``checkpoint`` (a quantized checkpoint's own blocks)."""
 
     weights: str
     reason: str
@@ -154,9 +151,6 @@ class WeightsChoice:
     def quantizes(self) -> bool:
         """Whether dense matrices of the checkpoint are quantized at load."""
         return self.weights in ("int8", "int4")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def llc_bytes() -> int:
@@ -219,12 +213,12 @@ def decide_weights(dense_bytes: int, llc: int, kernel: str | None, probe) -> Wei
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_weights(dense_bytes_bucket: int, dtype_name: str) -> WeightsChoice:
+def _cpu_weights(dense_bytes: int, dtype_name: str) -> WeightsChoice:
     from .kernels import quant as kernel
 
     llc = llc_bytes()
     kernel_why = None if kernel.available() else kernel.why_unavailable()
-    return decide_weights(dense_bytes_bucket, llc, kernel_why, lambda: probe_weights_ms(DTYPES[dtype_name], llc))
+    return decide_weights(dense_bytes, llc, kernel_why, lambda: probe_weights_ms(DTYPES[dtype_name], llc))
 
 
 def auto_weights(weights: str, dtype, device: torch.device | str, cfg, checkpoint_quantized: bool) -> WeightsChoice:
@@ -264,7 +258,8 @@ def auto_weights(weights: str, dtype, device: torch.device | str, cfg, checkpoin
         if why is None:
             if want == "auto":
                 return WeightsChoice("checkpoint", "the checkpoint is quantized: its blocks are kept")
-            return WeightsChoice(want, how + (" (the checkpoint's own blocks are kept)" if checkpoint_quantized else ""))
+            kept = " (the checkpoint's own blocks are kept)" if checkpoint_quantized else ""
+            return WeightsChoice(want, how + kept)
         import warnings
 
         warnings.warn(f"d3d: quantized weights {why}; dequantizing to dense", stacklevel=3)
@@ -282,6 +277,7 @@ def _why_no_quant(device: torch.device) -> str | None:
     from .kernels import quant as kernel
 
     return None if kernel.available() else f"need the CPU kernel ({kernel.why_unavailable()})"
+
 
 __all__ = ["DtypeChoice", "DTYPES", "auto_dtype", "resolve_dtype", "decide_cpu", "cpu_flags", "probe_matmul_ms",
            "WeightsChoice", "WEIGHTS", "auto_weights", "decide_weights", "probe_weights_ms", "llc_bytes"]

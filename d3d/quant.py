@@ -1,4 +1,4 @@
-"""Weight-only quantized matrices for CPU inference: int8 and int4 groups, in the kernel's panels.
+"""Weight-only quantized matrices for CPU inference: int8, int5 and int4 groups, in the kernels' panels.
 
 A ``QuantWeight`` stands where a model's weight tensor stands (``Linear.weight``, the embedding,
 the LM head). Its values are defined exactly, group by group along k (G consecutive inputs of one
@@ -10,12 +10,13 @@ output row share a scale s, and for int4 a min m):
 
 These hold llama.cpp's blocks without re-quantization error: Q8_0 is int8 with G = 32, Q5_0 int5
 with G = 32 (both with fp16 scales, their own), Q6_K int8 with G = 16 (s = d * sc, exact in fp32),
-Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.gguf`` keeps. From a dense checkpoint, ``quantize``
-makes int8 with one scale per row, or int4 with G = ``INT4_GROUP``.
+Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.gguf`` keeps. From a
+dense checkpoint, ``quantize`` makes int8 with one scale per row, or int4 with G = ``INT4_GROUP``.
 
-Products go through ``d3d.kernels.quant`` (AVX2 panels; row-invariant, bit for bit the fp32 panel
-kernel on ``dequantize()``). Without the kernel there is no quantized path: ``load_model`` then
-keeps dense weights and warns.
+Products go through ``d3d.kernels.quant``: with fp32 activations (AVX2 / AVX-512, bit for bit the
+fp32 panel kernel on ``dequantize()``) or, where ``int8_activations`` says so, with int8 activations
+and integer dot products (AVX-512 VNNI). Both are row-invariant. Without the kernels there is no
+quantized path: ``load_model`` then keeps dense weights and warns.
 """
 
 from __future__ import annotations
@@ -112,11 +113,8 @@ class QuantWeight:
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        if self.int8_activations:
-            y = kernel.matmul_vnni(x2, self.q, self.scale, self.min, self.out_features, self.bits, self.high)
-        else:
-            y = kernel.matmul_packed(x2.contiguous(), self.q, self.high, self.scale, self.min, self.out_features,
-                                     self.bits)
+        y = kernel.matmul_packed(x2.contiguous(), self.q, self.high, self.scale, self.min, self.out_features,
+                                 self.bits, self.int8_activations)
         if bias is not None:
             y += bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -154,9 +152,9 @@ def int8_activations(k: int, group: int) -> bool:
     and group of 32, integer dot products) instead of fp32 ones (``kernels.quant.matmul``: bit-equal
     to the fp32 model). ``D3D_QUANT_ACTIVATIONS`` = ``fp32``, ``int8`` or ``auto`` (the default):
     int8 where the CPU has AVX-512 VNNI and VBMI. Chosen on the real model (AMD Zen 5, 2 cores,
-    docs/results/quant/): a decoding step 20.9 -> 16.1-17.4 ms; validation requests, the defaults (which
-    then verify with ``exact`` attention, ``d3d.engines.generate``): code 61.0 -> 74.7 tok/s,
-    explanations 43.0 -> 53.6. Its accuracy cost: docs/results/quant/quality_qwen25.json."""
+    docs/results/quant/): a decoding step 20.9 -> 17.4 ms (passes.json and its first version);
+    validation requests, the defaults (which then verify with ``exact`` attention,
+    ``d3d.engines.generate``): code 61.0 -> 74.7 tok/s, explanations 43.0 -> 53.6. Its accuracy cost: docs/results/quant/quality_qwen25.json."""
     choice = os.environ.get("D3D_QUANT_ACTIVATIONS", "auto")
     if choice not in ACTIVATIONS:
         raise ValueError(f"D3D_QUANT_ACTIVATIONS={choice!r}: expected one of {', '.join(ACTIVATIONS)}")
@@ -164,7 +162,7 @@ def int8_activations(k: int, group: int) -> bool:
     if choice == "fp32" or not fits:
         return False
     if choice == "int8" and not kernel.vnni_available():
-        raise RuntimeError(f"D3D_QUANT_ACTIVATIONS=int8: {kernel._load_vnni()[1]}")
+        raise RuntimeError(f"D3D_QUANT_ACTIVATIONS=int8: {kernel.why_vnni_unavailable()}")
     return kernel.vnni_available()
 
 
@@ -179,7 +177,7 @@ def int5_kept() -> bool:
 def widen(parts: tuple) -> tuple:
     """Row-major int5 ``(q, scale, None, high)`` -> the same weights as int8 ``(q - 16, scale, None, None)``."""
     q, scale, _, high = parts
-    q = torch.stack([q & 15, q >> 4], dim=-1).flatten(-2) | (kernel.unpack_bits(high) << 4)
+    q = kernel.unpack_nibbles(q) | (kernel.unpack_bits(high) << 4)
     return (q.to(torch.int8) - 16), scale, None, None
 
 
@@ -218,7 +216,7 @@ def quantize(w: torch.Tensor, fmt: str, group: int = INT4_GROUP) -> QuantWeight:
     lo, hi = g.amin(dim=2).half().float(), g.amax(dim=2)  # fp16 scale and min: 2 bytes each, exact in the kernel
     scale = ((hi - lo) / 15).clamp_min(2 ** -24).half().float()
     q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).view(n, k)
-    return QuantWeight(q[:, 0::2] | (q[:, 1::2] << 4), scale, -lo)
+    return QuantWeight(kernel.pack_nibbles(q), scale, -lo)
 
 
 def is_quantized(w) -> bool:

@@ -145,12 +145,13 @@ def test_named_argument_errors():
         quantize(torch.randn(4, 48), "int4")
 
 
-needs_vnni = pytest.mark.skipif(not kernel.vnni_available(), reason=f"VNNI kernel unavailable: {kernel._load_vnni()[1]}")
+needs_vnni = pytest.mark.skipif(not kernel.vnni_available(),
+                                reason=f"VNNI kernel unavailable: {kernel.why_vnni_unavailable()}")
 
 
 def test_vnni_builds_where_the_cpu_and_a_compiler_allow():
     if kernel.VNNI_FLAGS <= precision.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
-        assert kernel.vnni_available(), kernel._load_vnni()[1]
+        assert kernel.vnni_available(), kernel.why_vnni_unavailable()
     else:
         assert not kernel.vnni_available()
 

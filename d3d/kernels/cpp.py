@@ -1,4 +1,4 @@
-"""Build-on-first-use for the C++ CPU kernels (``skinny_gemm.cpp``, ``quant_gemm.cpp``).
+"""Build-on-first-use for the C++ CPU kernels (``skinny_gemm.cpp``, ``quant_gemm.cpp``, ``quant_vnni.cpp``).
 
 Triton has no CPU backend outside the interpreter, so the CPU matmuls of decoding are small C++
 files compiled by ``torch.utils.cpp_extension`` with the system compiler the first time they are
@@ -17,11 +17,13 @@ from pathlib import Path
 from ..precision import cpu_flags
 
 AVX2_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+AVX2 = frozenset({"avx2", "fma"})
 
 
-def build(name: str, source: Path, cflags: list[str]) -> tuple[object | None, str | None]:
-    """``(module, None)``, or ``(None, why not)`` where this CPU or machine cannot build ``source``."""
-    missing = {"avx2", "fma"} - cpu_flags()
+def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AVX2) -> tuple[object | None, str | None]:
+    """``(module, None)``, or ``(None, why not)`` where this CPU (it lacks a flag of ``needs``) or
+    machine cannot build ``source``."""
+    missing = needs - cpu_flags()
     if missing:
         return None, f"this CPU lacks {' and '.join(sorted(missing))}"
     try:
@@ -34,8 +36,8 @@ def build(name: str, source: Path, cflags: list[str]) -> tuple[object | None, st
         start = time.perf_counter()
         # torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag
         headers = hashlib.sha1(b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))).hexdigest()[:12]
-        module = load(name=name, sources=[str(source)], verbose=False, extra_cflags=cflags + [f"-DD3D_HEADERS={headers}"],
-                      extra_ldflags=["-fopenmp"])
+        module = load(name=name, sources=[str(source)], verbose=False,
+                      extra_cflags=cflags + [f"-DD3D_HEADERS={headers}"], extra_ldflags=["-fopenmp"])
         if not cached:
             print(f"d3d: built {source.name} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     except Exception as e:  # no compiler, no ninja, a failed build: the torch path stays

@@ -1,4 +1,4 @@
-"""Weight-only int8/int5/int4 matmul for few-row passes on x86 CPUs (``quant_gemm.cpp``), its launcher and wrapper.
+"""Weight-only int8/int5/int4 matmuls for few-row passes on x86 CPUs, their launchers and wrappers.
 
     w[n, k] = fl(q[n, k] * s[n, k // G])                     int8, q in [-128, 127]
     w[n, k] = fl((q[n, k] - 16) * s[n, k // G])              int5, q in [0, 31] (a nibble + a high bit)
@@ -13,6 +13,10 @@ on the dequantized matrix: every row of an M-row product equals the 1-row produc
 for bit, for every M, and equals ``naive.skinny_matmul_reference(x, dequantize(...))``.
 
 Torch reference: ``dequantize`` + ``F.linear``. Loop oracle: ``naive.quant_matmul_reference``.
+
+``matmul_vnni`` (``quant_vnni.cpp``, AVX-512 VNNI + VBMI) reads the same panels but quantizes the
+activations to int8 per row and group and sums exact integer dot products (numerics in that file;
+loop oracle ``naive.quant_vnni_reference``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..precision import cpu_flags
-from .cpp import AVX2_FLAGS, build
+from .cpp import AVX2, AVX2_FLAGS, build
 
 SOURCE = Path(__file__).with_name("quant_gemm.cpp")
 PANEL = 16
@@ -36,20 +39,21 @@ def _load():
 
 
 VNNI_SOURCE = Path(__file__).with_name("quant_vnni.cpp")
-VNNI_FLAGS = {"avx512bw", "avx512_vnni", "avx512vbmi"}
+VNNI_FLAGS = frozenset({"avx512bw", "avx512_vnni", "avx512vbmi"})
 
 
 @functools.cache
 def _load_vnni():
     """The int8-activation kernel (``quant_vnni.cpp``): (module, None) or (None, why not)."""
-    missing = VNNI_FLAGS - cpu_flags()
-    if missing:
-        return None, f"this CPU lacks {' and '.join(sorted(missing))}"
-    return build("d3d_quant_vnni", VNNI_SOURCE, AVX2_FLAGS)
+    return build("d3d_quant_vnni", VNNI_SOURCE, AVX2_FLAGS, needs=AVX2 | VNNI_FLAGS)
 
 
 def vnni_available() -> bool:
     return _load_vnni()[0] is not None
+
+
+def why_vnni_unavailable() -> str | None:
+    return _load_vnni()[1]
 
 
 def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
@@ -93,6 +97,16 @@ def from_panels(t: torch.Tensor, n: int, rows: torch.Tensor | None = None) -> to
     return t[rows // PANEL, :, rows % PANEL]
 
 
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """Values 0..15 [..., K] -> uint8 [..., K/2], k even in the low nibble (int4/int5's layout)."""
+    return (q[..., 0::2] & 15).to(torch.uint8) | ((q[..., 1::2] & 15).to(torch.uint8) << 4)
+
+
+def unpack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_nibbles``: uint8 [..., K/2] -> uint8 0..15 [..., K]."""
+    return torch.stack([q & 15, q >> 4], dim=-1).flatten(-2)
+
+
 def unpack_bits(h: torch.Tensor) -> torch.Tensor:
     """uint8 [..., C] -> uint8 0/1 [..., 8 C] (bit i of byte b is element 8 b + i)."""
     return ((h[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(-2)
@@ -127,7 +141,7 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: i
     s/m [N, K/G] -> w [N, K] fp32, rounded as the kernel rounds (the reference for every quantized
     format in d3d)."""
     if bits != 8:
-        q = torch.stack([q & 15, q >> 4], dim=-1).flatten(-2)
+        q = unpack_nibbles(q)
     if bits == 5:
         q = (q | (unpack_bits(h) << 4)).to(torch.int8) - 16
     group = q.shape[-1] // s.shape[-1]
@@ -181,12 +195,16 @@ def matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | 
 _EMPTY = torch.empty(0)
 
 
-def matmul_packed(x, q, h, s, m, n, bits):
-    """``matmul`` without the Python checks, for ``d3d.quant.QuantWeight`` (which made the panels);
-    the extension still checks every shape."""
-    return _load()[0].matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n,
-                             x.shape[1] // s.shape[1], bits, 0)
+def matmul_packed(x, q, h, s, m, n, bits, int8_activations: bool = False):
+    """``matmul`` (or ``matmul_vnni`` with ``int8_activations``) without the Python checks, for
+    ``d3d.quant.QuantWeight`` (which made the panels; ~170 calls a pass): the extension still
+    checks every shape."""
+    h, m, group = _EMPTY if h is None else h, _EMPTY if m is None else m, x.shape[1] // s.shape[1]
+    if int8_activations:
+        return _load_vnni()[0].matmul(x, q, h, s, m, n, group, bits)
+    return _load()[0].matmul(x, q, h, s, m, n, group, bits, 0)
 
 
-__all__ = ["available", "why_unavailable", "vnni_available", "matmul_vnni", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels",
-           "unpack_bits", "pack_bits", "dequantize", "matmul", "matmul_packed", "PANEL", "ISAS"]
+__all__ = ["available", "why_unavailable", "vnni_available", "why_vnni_unavailable", "matmul", "matmul_vnni",
+           "matmul_packed", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels", "pack_nibbles",
+           "unpack_nibbles", "unpack_bits", "pack_bits", "dequantize", "PANEL", "ISAS"]

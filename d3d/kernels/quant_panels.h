@@ -70,7 +70,8 @@ inline Weights checked(const char* who, const torch::Tensor& x, const torch::Ten
 template <bool HALF>
 inline __m512 load16(const void* p, int64_t i) {
     if constexpr (HALF)
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+        return _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
     else
         return _mm512_loadu_ps(static_cast<const float*>(p) + i);
 }
