@@ -21,9 +21,9 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
-from d3d.precision import auto_dtype
-from d3d.corpus import training_corpus
-from d3d.prompts import PROMPT_SETS, load_prompt_set
+from d3d.cpu.precision import auto_dtype
+from d3d.data.corpus import training_corpus
+from d3d.data.prompts import PROMPT_SETS, load_prompt_set
 
 from .common import check_chat_sets, machine, markdown_table, mode_flags, write_json
 

@@ -4,7 +4,7 @@ The same chat requests (``d3d.train.chat_data.chat_requests``: training function
 kinds in turn) answered greedily up to ``--gen-len`` tokens, stopping at end of turn, by
   batch:N       ``d3d.generate`` on N requests at a time (finished rows drop out, the batch runs
                 until its longest answer ends: what the answer store used up to 2026-12-02);
-  continuous:N  ``d3d.continuous.generate_continuous`` with N sequences in flight (a finished row
+  continuous:N  ``d3d.decode.continuous.generate_continuous`` with N sequences in flight (a finished row
                 is refilled with the next request in the same pass; the requests' common prefix,
                 the chat template's system turn, computed once);
   whole:N       the same, each row computing its whole prompt (no shared prefix).
@@ -23,7 +23,7 @@ import statistics
 import torch
 
 import d3d
-from d3d.continuous import generate_continuous
+from d3d.decode.continuous import generate_continuous
 from d3d.train.chat_data import chat_requests
 
 from .common import interleaved, machine, markdown_table, write_json

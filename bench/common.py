@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 from d3d.files import write_json as atomic_write_json
-from d3d.prompts import CHAT_SETS
+from d3d.data.prompts import CHAT_SETS
 
 
 def machine() -> dict:
     import torch
 
-    from d3d.precision import auto_dtype, cpu_flags
+    from d3d.cpu.precision import auto_dtype, cpu_flags
 
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -151,12 +151,12 @@ def matmul_tflops(n: int = 1024, repeats: int = 5, device: str = "cpu", dtype=No
 
 
 def random_model(name: str, device: str = "cpu"):
-    """A random-weight fp32 model of ``d3d.config`` preset ``name`` (normal, std 0.02), for shapes
+    """A random-weight fp32 model of ``d3d.model.config`` preset ``name`` (normal, std 0.02), for shapes
     no checkpoint here has."""
     import torch
 
-    from d3d.config import preset
-    from d3d.model import Transformer
+    from d3d.model.config import preset
+    from d3d.model.transformer import Transformer
 
     with torch.device(device):
         model = Transformer(preset(name))
@@ -168,9 +168,9 @@ def random_model(name: str, device: str = "cpu"):
 def mode_flags(mode: str, flags: str) -> dict:
     """``d3d.generate`` arguments of a mode's ``+flag`` suffixes (``flags`` = "+exact+leaves4"):
     +exact (row-invariant verification), +leavesL (L bonus leaves), +lookupN (copy drafts after an
-    N-token match in the context, ``d3d.lookup``), +gate / +nogate (plain target steps while drafting
-    rounds measure slower, ``d3d.gate``; off by default), +storeN (drafts looked up in the datastore,
-    ``d3d.datastore``, where N% of the occurrences agree on the first: ``datastore_min_confidence``,
+    N-token match in the context, ``d3d.decode.lookup``), +gate / +nogate (plain target steps while drafting
+    rounds measure slower, ``d3d.decode.gate``; off by default), +storeN (drafts looked up in the datastore,
+    ``d3d.decode.datastore``, where N% of the occurrences agree on the first: ``datastore_min_confidence``,
     which the caller turns into a ``datastore``)."""
     kw = {}
     for flag in flags.split("+")[1:]:

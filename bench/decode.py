@@ -22,7 +22,7 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_TARGET, bundled
-from d3d.model import Transformer
+from d3d.model.transformer import Transformer
 
 from .common import (compare_table, copy_bandwidth_gbs, interleaved, load_json, machine, markdown_table,
                      random_model, write_json)
@@ -82,7 +82,7 @@ def bench_size(name: str, new_tokens: int, repeats: int, prompt_len: int, with_h
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["bundled", "qwen3-15m", "qwen3-100m"],
-                    help="'bundled' (the bundled target's weights) or presets from d3d.config.PRESETS")
+                    help="'bundled' (the bundled target's weights) or presets from d3d.model.config.PRESETS")
     ap.add_argument("--dtype", default="auto", help="dtype of both engines (default: d3d's dtype policy)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=32)

@@ -13,7 +13,7 @@ with its own time limit, so a failing or slow stage still leaves the others' res
                  beside device time shows launch overhead; the engines have no CUDA graphs yet)
   speculative    the bundled pair, every mode, async with the CUDA-stream overlap
   hypotheses     async's K (outcome hypotheses) / F (fan-out) on validation prompts: what
-                 ``d3d.overlap.async_defaults`` should pick on a GPU (unmeasured so far), and sync
+                 ``d3d.decode.overlap.async_defaults`` should pick on a GPU (unmeasured so far), and sync
                  with bonus leaves (``leaves``: rows are nearly free on a GPU, so more should pay)
                  and copied drafts (``lookup``: sync's default 3, async's 0 unmeasured)
   quant          the Triton weight-only int8/int5/int4 matmul vs bf16 F.linear (``bench quantmm``)

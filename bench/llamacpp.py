@@ -35,8 +35,8 @@ import torch
 
 import d3d
 from d3d.assets import bundled
-from d3d.overlap import default_mode
-from d3d.prompts import load_prompt_set
+from d3d.decode.overlap import default_mode
+from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
 

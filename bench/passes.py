@@ -1,7 +1,7 @@
 """Pass-cost curve: one forward pass over T new tokens, T = 1, 2, 4, ..., for target and drafter.
 
 Speculative decoding pays when a T-token verification pass costs about what a 1-token step does
-(``vs_T1`` near 1). Each model is timed in the dtype the policy picks (``d3d.precision``) and in
+(``vs_T1`` near 1). Each model is timed in the dtype the policy picks (``d3d.cpu.precision``) and in
 float32, on a cache already holding ``--context`` tokens; every (model, dtype, T) is run once per
 repeat, repeats interleaved so that machine drift hits all alike; medians are reported.
 
@@ -27,7 +27,7 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
-from d3d.precision import auto_dtype, resolve_dtype
+from d3d.cpu.precision import auto_dtype, resolve_dtype
 
 from .common import interleaved, machine, markdown_table, random_model, write_json
 
@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench passes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", help="target directory (default: the bundled target)")
-    ap.add_argument("--preset", help="time a random-weight model of this d3d.config preset instead of --target "
+    ap.add_argument("--preset", help="time a random-weight model of this d3d.model.config preset instead of --target "
                                      "(e.g. qwen3-1.7b on a GPU; implies --drafter none)")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
     ap.add_argument("--drafter", help="D3D drafter directory (default: the bundled drafter; 'none' to skip)")

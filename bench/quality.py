@@ -26,8 +26,8 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_TARGET, bundled
-from d3d.corpus import read_texts
-from d3d.prompts import docs_root, load_prompt_set
+from d3d.data.corpus import read_texts
+from d3d.data.prompts import docs_root, load_prompt_set
 from d3d.train.target import evaluate, heldout_windows, token_byte_lengths, token_stream
 
 from .common import machine, markdown_table, write_json

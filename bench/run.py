@@ -98,7 +98,7 @@ def readme_table(path: str) -> str:
 
 
 def fetch_mtbench() -> Path:
-    from d3d.prompts import mtbench_path
+    from d3d.data.prompts import mtbench_path
 
     dest = mtbench_path()
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 
 Common to all: ``bench`` (its name), ``machine`` (``cpu``, ``cores``, ``torch``, ``triton``,
 ``python``, ``platform``, ``torch_threads``, ``gpu`` when there is one, and since issue 14
-``cpu_flags`` (the SIMD/bf16 flags seen) and ``dtype_policy`` (``d3d.precision.auto_dtype``: dtype,
+``cpu_flags`` (the SIMD/bf16 flags seen) and ``dtype_policy`` (``d3d.cpu.precision.auto_dtype``: dtype,
 reason, probe timings)), ``config`` (the command-line arguments), ``results``.
 
 speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s, speedup_vs_ar}

@@ -7,20 +7,20 @@ over ``ar`` measured in the same run, and for async the successor hit rate and w
 went (drafting on the critical path vs hidden behind verification).
 
 Modes: ar, ar1 (ar with 1-row matmuls through weights packed by oneDNN for 1 row,
-``d3d.cpu_linear.one_row_layout``: faster than oneDNN's 16-row layout, not bit-compatible with
+``d3d.cpu.linear.one_row_layout``: faster than oneDNN's 16-row layout, not bit-compatible with
 verification; in "vs fastest ar" with ar-fp32), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
 async:none / async:thread / async:stream / async:packed (how the hypotheses pass runs beside
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their estimated
 hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus fan-out
-(``d3d.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly with
-probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.row_price``; the JSON's
+(``d3d.decode.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly with
+probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.decode.row_price``; the JSON's
 verified_drafts_per_round); +exact verifies with row-invariant attention (bf16 output equal to ar bit
 for bit); +leavesL verifies also the L likeliest bonuses the drafter proposed (``leaves``; the JSON's
 leaf_hit_rate, leaves_per_round); +lookupN copies the draft from the context after an N-token match
 (``lookup``; the JSON's lookup_rate); +gate / +nogate: plain target steps while drafting rounds measure
-slower (``gate``, ``d3d.gate``; the JSON's step_rate, and tau_speculating, τ over the rounds that
+slower (``gate``, ``d3d.decode.gate``; the JSON's step_rate, and tau_speculating, τ over the rounds that
 verified drafts); +storeN drafts from the target's own earlier answers (``--datastore``,
-``d3d.datastore``) where N% of the occurrences agree on the first draft (+store: any share; the JSON's
+``d3d.decode.datastore``) where N% of the occurrences agree on the first draft (+store: any share; the JSON's
 datastore_rate).
 Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~auto``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``, ``sync+store50``.
 
@@ -28,7 +28,7 @@ For async modes the JSON reports the hit rate, the hit rate per accept length, h
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
 hypotheses passes that verification did not hide).
 
-Models load in the dtype policy's choice (``d3d.precision``; ``--dtype`` forces one). In fp32
+Models load in the dtype policy's choice (``d3d.cpu.precision``; ``--dtype`` forces one). In fp32
 every speculative output must equal ar; in bf16 only +exact modes must, the others are counted
 (``identical_to_ar``): they may part at near-ties of the target's logits.
 
@@ -47,10 +47,10 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d import cpu_linear
+from d3d.cpu import linear as cpu_linear
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
-from d3d.corpus import training_corpus
-from d3d.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
+from d3d.data.corpus import training_corpus
+from d3d.data.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 from d3d.train.chat_data import chat_prompts
 
 from .common import check_chat_sets, compare_table, load_json, machine, markdown_table, mode_flags, write_json
@@ -193,7 +193,7 @@ def parser() -> argparse.ArgumentParser:
                                                    "async:thread", "async@0"])
     ap.add_argument("--dtype", default="auto", help="dtype of both models (default: the policy's choice)")
     ap.add_argument("--weights", default="auto", help="load_model's weights (default auto: a quantized checkpoint "
-                                                       "keeps its blocks; see d3d/precision.py)")
+                                                       "keeps its blocks; see d3d/cpu/precision.py)")
     ap.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="write the JSON here")
@@ -201,7 +201,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--plots", default=None, help="directory for PNG plots (needs matplotlib: pip install d3d[plot])")
     ap.add_argument("--datastore", default=None,
                     help="an answer store of the target's own answers (e.g. data/qwen2.5-coder-answers) for the "
-                         "+store modes (d3d.datastore)")
+                         "+store modes (d3d.decode.datastore)")
     return ap
 
 
@@ -274,7 +274,7 @@ def main(argv=None) -> dict:
     args.dflash_drafter = None
     dflash_dir = Path(args.dflash) if args.dflash else models_dir() / BUNDLED_DFLASH
     if any(m.startswith("dflash") for m in args.modes):
-        from d3d.dflash import load_dflash
+        from d3d.draft.dflash import load_dflash
 
         if not (dflash_dir / "config.json").is_file():
             raise SystemExit(f"mode dflash: no DFlash drafter at {dflash_dir} (pass --dflash DIR)")

@@ -29,7 +29,7 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_TARGET, bundled
-from d3d.corpus import default_corpus_root, find_corpus, read_texts
+from d3d.data.corpus import default_corpus_root, find_corpus, read_texts
 from d3d.train.target import evaluate, heldout_windows, token_byte_lengths, token_stream
 
 from .common import machine, markdown_table, write_json

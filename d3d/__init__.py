@@ -8,13 +8,13 @@ The public API::
     print(tok.decode(out.tokens[0]), out.stats.tokens_per_second)
 """
 
-from .checkpoint import load_model, save_model
-from .config import ModelConfig
-from .datastore import Datastore, load_datastore
-from .drafter import Drafter, DrafterConfig, load_drafter, save_drafter
-from .engines import GenerationOutput, GenerationStats, generate
-from .model import Transformer
-from .tokenizer import Tokenizer, load_tokenizer
+from .decode.datastore import Datastore, load_datastore
+from .decode.engines import GenerationOutput, GenerationStats, generate
+from .draft.drafter import Drafter, DrafterConfig, load_drafter, save_drafter
+from .model.checkpoint import load_model, save_model
+from .model.config import ModelConfig
+from .model.tokenizer import Tokenizer, load_tokenizer
+from .model.transformer import Transformer
 
 __all__ = [
     "Datastore",

@@ -127,8 +127,8 @@ def choose_drafter(args, model):
     when it fits the model; otherwise the default is autoregressive, and the note says why.
     """
     import d3d
-    from d3d.dflash import load_dflash
-    from d3d.overlap import default_mode
+    from d3d.draft.dflash import load_dflash
+    from d3d.decode.overlap import default_mode
 
     if args.mode == "ar":
         return "ar", None, ""
@@ -209,10 +209,10 @@ def cmd_init(args) -> int:
     import torch
 
     from d3d.assets import qwen3_tokenizer_dir
-    from d3d.checkpoint import save_model
-    from d3d.config import preset
-    from d3d.model import Transformer
-    from d3d.tokenizer import load_tokenizer
+    from d3d.model.checkpoint import save_model
+    from d3d.model.config import preset
+    from d3d.model.transformer import Transformer
+    from d3d.model.tokenizer import load_tokenizer
 
     tok_dir = Path(args.tokenizer) if args.tokenizer else qwen3_tokenizer_dir()
     tok = load_tokenizer(tok_dir)
@@ -242,7 +242,7 @@ _SETTINGS_HELP = {  # the fields every trainer shares (d3d.train.loop.TrainSetti
                           "a saved state (a chunk that fits a session; resume later with --resume)",
     "schedule_start": "warm restart: the warm-up and cosine span steps [N, --steps) instead of [0, --steps) (with "
                       "--resume from a state at step N: new data gets a fresh peak --lr)",
-    "compute_dtype": "auto: bf16 autocast where the CPU multiplies bf16 fast (d3d.precision), else fp32; or "
+    "compute_dtype": "auto: bf16 autocast where the CPU multiplies bf16 fast (d3d.cpu.precision), else fp32; or "
                      "float32 / bfloat16",
 }
 
@@ -302,7 +302,7 @@ TARGETS_CORPUS_HELP = ("directory of .py files, or python-sources: the standard 
 def target_corpus(args) -> None:
     """``--corpus`` defaults to the corpus the target was trained on: its held-out split is the one
     whose files the target never saw (another corpus's split can hold the target's training files)."""
-    from d3d.corpus import training_corpus
+    from d3d.data.corpus import training_corpus
 
     if args.corpus is None:
         args.corpus = training_corpus(args.target)
@@ -329,7 +329,7 @@ def cmd_train_dflash(args) -> int:
 
 
 def cmd_convert_gguf(args) -> int:
-    from d3d.gguf import convert_gguf
+    from d3d.model.gguf import convert_gguf
 
     convert_gguf(args.src, args.out, args.tokenizer, log=log_stderr, dequantize=args.dequantize)
     return 0
@@ -337,8 +337,8 @@ def cmd_convert_gguf(args) -> int:
 
 def cmd_prune(args) -> int:
     import d3d
-    from d3d.prompts import heldout_prompts
-    from d3d.prune import drop_layers, greedy_prune, layer_importance
+    from d3d.data.prompts import heldout_prompts
+    from d3d.train.prune import drop_layers, greedy_prune, layer_importance
     from d3d.train.drafter import measure_tau
 
     target_corpus(args)
@@ -409,7 +409,7 @@ def add_generate_parser(sub) -> None:
                         "on CPU, i.e. right after verification, measured fastest on 2 cores)")
     g.add_argument("--hypotheses", type=positive_int, default=None,
                    help="async: K, successor blocks drafted per round for the K likeliest verification outcomes "
-                        "(accept length, bonus token) (default: the device's measured choice, d3d/overlap.py)")
+                        "(accept length, bonus token) (default: the device's measured choice, d3d/decode/overlap.py)")
     g.add_argument("--fanout", type=positive_int, default=None,
                    help="async: F, bonus candidates per accept length: the drafter's F likeliest tokens other "
                         "than its draft (default: the device's measured choice)")
@@ -420,17 +420,17 @@ def add_generate_parser(sub) -> None:
                    help="sync/async: verify only the leading drafts the drafter believes in jointly with "
                         "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
                         "pays where each costs real time (a CPU) and the drafter is weak. 'auto': measure P as it "
-                        "runs, tokens per second times the seconds one more verified row costs (d3d/row_price.py). "
-                        "Default: the device's measured choice, auto on a CPU, 0 on CUDA (d3d/overlap.py)")
+                        "runs, tokens per second times the seconds one more verified row costs (d3d/decode/row_price.py). "
+                        "Default: the device's measured choice, auto on a CPU, 0 on CUDA (d3d/decode/overlap.py)")
     g.add_argument("--leaves", type=int, default=None, metavar="L",
                    help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
                         "row each: a round whose bonus is one of them commits one more token (lossless; not with "
                         "--exact; default, measured: 2 with sync, 0 with sync in fp32 on a CPU, with async or with "
-                        "--exact; d3d/overlap.py)")
+                        "--exact; d3d/decode/overlap.py)")
     g.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="sync/async: when the last N tokens occurred earlier in the prompt or output, draft by "
                         "copying what followed them (prompt lookup; lossless) instead of asking the drafter; "
-                        "0 = never (default: the measured choice, d3d/overlap.py)")
+                        "0 = never (default: the measured choice, d3d/decode/overlap.py)")
     g.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
                    help="sync: take plain target steps instead of drafting rounds while those measure slower in "
                         "tokens per second, trying drafting again every 8th round (lossless). Off by default: on "
@@ -440,12 +440,12 @@ def add_generate_parser(sub) -> None:
                    help="sync/async: where no copy from the context applies, draft what the target's own earlier "
                         "answers continued the last few tokens with (an answer store of this model, e.g. "
                         "data/qwen2.5-coder-answers; indexed at start, a few seconds) before asking the drafter "
-                        "(lossless; d3d/datastore.py)")
+                        "(lossless; d3d/decode/datastore.py)")
     g.add_argument("--exact", action="store_true",
                    help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
                         "token for token in bf16 too (slower verification; without it bf16 outputs may part at "
                         "near-ties of the target's logits); on by itself where quantized weights multiply int8 "
-                        "activations (d3d/quant.py)")
+                        "activations (d3d/cpu/quant.py)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")
@@ -458,7 +458,7 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype. auto (default): bfloat16 on a CPU with fast bf16 matmuls (AMX or "
                         "avx512_bf16, confirmed by a 50 ms probe), float32 on other CPUs, the checkpoint's dtype "
-                        "on a GPU; the environment variable D3D_DTYPE overrides auto (see d3d/precision.py)")
+                        "on a GPU; the environment variable D3D_DTYPE overrides auto (see d3d/cpu/precision.py)")
     add_weights_argument(g)
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, num_prompt_tokens, stats")
@@ -472,7 +472,7 @@ def add_weights_argument(p) -> None:
                         "and a streaming probe finds int8 faster, else --dtype. int8: one scale per row; int4: "
                         "groups of 32 with a scale and a min (changes the model more); dense (in --dtype), fp32, "
                         "bf16: dense (dequantizing a quantized checkpoint). D3D_WEIGHTS overrides auto "
-                        "(d3d/precision.py)")
+                        "(d3d/cpu/precision.py)")
 
 
 def add_init_parser(sub) -> None:
@@ -593,7 +593,7 @@ def add_convert_gguf_parser(sub) -> None:
                        description="Convert a llama.cpp GGUF (Qwen2/Qwen3) and write config.json, model.safetensors, "
                                    "tokenizer.json and tokenizer_config.json (with the GGUF's chat template). Q8_0, "
                                    "Q5_0, Q6_K, Q4_K, Q4_0 and Q4_1 blocks are kept as d3d's int8/int5/int4 matrices "
-                                   "without re-quantization error (d3d/gguf.py); other block types become float32. "
+                                   "without re-quantization error (d3d/model/gguf.py); other block types become float32. "
                                    "Needs the gguf package: pip install -e '.[gguf]'; loading the result does not.")
     c.add_argument("src", help="input .gguf file")
     c.add_argument("out", help="output directory")

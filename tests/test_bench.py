@@ -8,9 +8,9 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_TARGET, models_dir
-from d3d.config import preset
-from d3d.drafter import Drafter, DrafterConfig, drafter_model_config, save_drafter
-from d3d.model import Transformer
+from d3d.model.config import preset
+from d3d.draft.drafter import Drafter, DrafterConfig, drafter_model_config, save_drafter
+from d3d.model.transformer import Transformer
 
 from bench import schema
 from bench.run import main as bench_main, readme_table
@@ -234,9 +234,9 @@ def test_agreement_smoke(tiny_pair, tmp_path):
 def test_speculative_store_modes(tiny_pair, tmp_path):
     """+storeN drafts from --datastore (an answer store of this target); a store holding the target's
     own continuation of the prompt drafts every round it can; +store without --datastore is refused."""
-    from d3d.corpus import training_corpus
-    from d3d.prompts import load_prompt_set
-    from d3d.train.answer_store import AnswerStore, target_fingerprint
+    from d3d.data.corpus import training_corpus
+    from d3d.data.prompts import load_prompt_set
+    from d3d.data.answers import AnswerStore, target_fingerprint
 
     target = d3d.load_model(tiny_pair / "target", dtype="float32")
     tok = d3d.load_tokenizer(tiny_pair / "target")

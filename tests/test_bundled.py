@@ -53,7 +53,7 @@ def test_bundled_pair_is_lossless_and_drafts_well(target):
 
 
 def test_bundled_dflash_baseline_is_lossless(target):
-    from d3d.dflash import load_dflash
+    from d3d.draft.dflash import load_dflash
 
     dflash = load_dflash(models_dir() / BUNDLED_DFLASH, target)
     tok = d3d.load_tokenizer(TARGET)
@@ -70,9 +70,9 @@ QWEN_DRAFTER = models_dir() / BUNDLED_QWEN_DRAFTER
 def test_bundled_qwen_drafter_files():
     """The real-model drafter ships without its target (630M parameters, rebuilt by
     bench/get_qwen25_coder.sh): check every tensor against its config and the drafting vocabulary."""
-    from d3d.checkpoint import SHARED_EMBEDDINGS, read_state
-    from d3d.config import ModelConfig
-    from d3d.drafter import DRAFT_VOCAB, DrafterConfig, check_draft_vocab
+    from d3d.model.checkpoint import SHARED_EMBEDDINGS, read_state
+    from d3d.model.config import ModelConfig
+    from d3d.draft.drafter import DRAFT_VOCAB, DrafterConfig, check_draft_vocab
 
     cfg = ModelConfig.load(QWEN_DRAFTER)
     dcfg = DrafterConfig.from_model_config(cfg)
@@ -93,7 +93,7 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     """On the weights convert-gguf keeps ("auto": its int8/int5/int4 blocks), dequantized (fp32),
     or quantized from them: sync (with its defaults), sync with 4 leaves and no copies, and async
     equal ar on two HumanEval chat prompts; leaves are hit and drafts copied there."""
-    from d3d.prompts import load_prompt_set
+    from d3d.data.prompts import load_prompt_set
 
     monkeypatch.delenv("D3D_WEIGHTS")  # conftest pins dense; "auto" here is the library's default
     target = d3d.load_model(os.environ["D3D_QWEN25"], weights=weights)
@@ -124,8 +124,8 @@ def test_bf16_exact_mode_equals_bf16_ar():
     HumanEval prompt 10 and code prompt 18 (of 20) are two whose plain bf16 sync output parted
     from AR at a near-tie when measured (docs/results/bundled-pair/agreement_bf16.json: at tokens
     15 and 3; without exact=True they still part within these 40 tokens)."""
-    from d3d.corpus import training_corpus
-    from d3d.prompts import load_prompt_set
+    from d3d.data.corpus import training_corpus
+    from d3d.data.prompts import load_prompt_set
 
     target = d3d.load_model(TARGET, dtype="bfloat16")
     drafter = d3d.load_drafter(DRAFTER, target=target)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from d3d.assets import qwen3_tokenizer_dir
-from d3d.prompts import CHAT_TEMPLATES, code_request, load_prompt_set
+from d3d.data.prompts import CHAT_TEMPLATES, code_request, load_prompt_set
 from d3d.train.chat_data import function_snippets, to_windows
-from d3d.tokenizer import load_tokenizer
+from d3d.model.tokenizer import load_tokenizer
 from d3d.train.drafter import pick_mask_id
 
 
@@ -78,7 +78,7 @@ def test_answers_stop_after_minutes_and_go_on_where_they_stopped(tmp_path, monke
     import torch
 
     import d3d.train.common as common
-    from d3d.engines import generate
+    from d3d.decode.engines import generate
     from test_engines import tiny_target
 
     target = tiny_target()
@@ -132,7 +132,7 @@ def test_chat_validation_and_evaluation_requests_are_disjoint(qwen3_tok):
 def test_explain_requests_ask_for_prose_about_the_same_validation_functions(qwen3_tok):
     """``explain=True``: the validation functions asked about in prose (bench's --sets explain), no
     function of the evaluation split among them."""
-    from d3d.prompts import EXPLAIN_TEMPLATE
+    from d3d.data.prompts import EXPLAIN_TEMPLATE
     from d3d.train.chat_data import chat_prompts
 
     code = [qwen3_tok.decode(p) for p in chat_prompts(qwen3_tok, None, 0.05, 4, "validation", seed=1234, templates=1)]
@@ -152,7 +152,7 @@ def _function(name: str) -> str:
 def _write_split(root, names, heldout_fraction, want_heldout):
     """Write one file per function under ``root``, renaming files until the path split puts
     exactly the functions in ``want_heldout`` on the held-out side."""
-    from d3d.corpus import is_heldout
+    from d3d.data.corpus import is_heldout
 
     root.mkdir()
     for name in names:
@@ -166,7 +166,7 @@ def _write_train_file(root, stem, names, heldout_fraction):
     """A ``python-sources``-style file (split by a hash of its content) that lands in the train split."""
     import hashlib
 
-    from d3d.corpus import is_heldout
+    from d3d.data.corpus import is_heldout
 
     body = "".join(_function(n) + "    return x\n\n" for n in names)
     k = 0
@@ -180,7 +180,7 @@ def test_extra_functions_come_from_other_sources_and_never_from_held_out_text(tm
     packages' functions (their training split); a copy of a function the corpus holds out never
     becomes one, the first requests are those without the option, and held-out splits refuse it."""
     import d3d.train.chat_data as chat_data
-    from d3d.corpus import PYTHON_SOURCES, find_corpus, multi_root_corpus
+    from d3d.data.corpus import PYTHON_SOURCES, find_corpus, multi_root_corpus
 
     frac = 0.3
     corpus, other = tmp_path / "corpus", tmp_path / "other"
@@ -243,7 +243,7 @@ def test_the_answer_store_grows_by_sealed_chunks_and_refuses_another_target(tmp_
 
     import torch
 
-    from d3d.train.answer_store import AnswerStore, read_chunk
+    from d3d.data.answers import AnswerStore, read_chunk
 
     make, batches = _store_setup(monkeypatch)
     store = tmp_path / "a"
@@ -379,7 +379,7 @@ def test_init_drafter_starts_from_a_saved_int8_drafter_and_its_vocabulary(tmp_pa
 
     import d3d.train.drafter as trainer
     from d3d import load_drafter, load_model
-    from d3d.drafter import save_drafter
+    from d3d.draft.drafter import save_drafter
     from d3d.train.drafter import DrafterTrainConfig, train_drafter
     from d3d.train.target import train_target
     from test_train_target import tiny_config
@@ -437,7 +437,7 @@ def test_the_target_fingerprint_names_the_model_not_the_dtype_it_runs_in():
     chunk records its dtype). Another model (one embedding value changed) has another fingerprint."""
     import torch
 
-    from d3d.train.answer_store import target_fingerprint
+    from d3d.data.answers import target_fingerprint
     from test_engines import tiny_target
 
     target = tiny_target()

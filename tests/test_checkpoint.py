@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from d3d.checkpoint import load_model
-from d3d.config import ModelConfig
-from d3d.engines import generate
+from d3d.model.checkpoint import load_model
+from d3d.model.config import ModelConfig
+from d3d.decode.engines import generate
 
 from helpers import make_hf_model, save_hf
 
@@ -110,8 +110,8 @@ def test_a_killed_save_keeps_the_previous_checkpoint(ckpt, tmp_path, monkeypatch
     """Every file is written through a temporary file and renamed (d3d.files): a save that dies
     half-way (here: the weights writer raises after writing part of its file) leaves the previous
     checkpoint loadable and no temporary files behind."""
-    import d3d.checkpoint as checkpoint
-    from d3d.checkpoint import save_model
+    import d3d.model.checkpoint as checkpoint
+    from d3d.model.checkpoint import save_model
     from d3d.files import atomic, write_json
 
     model = load_model(ckpt, dtype="float32")

@@ -83,7 +83,7 @@ def test_generate_with_a_datastore(capsys, tmp_path):
 
     import d3d
     from d3d.assets import BUNDLED_TARGET
-    from d3d.train.answer_store import AnswerStore, target_fingerprint
+    from d3d.data.answers import AnswerStore, target_fingerprint
 
     target = d3d.load_model(models_dir() / BUNDLED_TARGET)
     tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)

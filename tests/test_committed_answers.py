@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from d3d.assets import qwen3_tokenizer_dir
-from d3d.corpus import find_corpus, read_texts
-from d3d.prompts import humaneval_prompts
-from d3d.tokenizer import load_tokenizer
-from d3d.train.answer_store import read_manifest, sealed_answers
+from d3d.data.corpus import find_corpus, read_texts
+from d3d.data.prompts import humaneval_prompts
+from d3d.model.tokenizer import load_tokenizer
+from d3d.data.answers import read_manifest, sealed_answers
 from d3d.train.chat_data import function_snippets
 
 STORE = Path(__file__).resolve().parents[1] / "data" / "qwen2.5-coder-answers"

@@ -1,12 +1,12 @@
-"""Continuous batching (``d3d.continuous``) answers each prompt as greedy ar does on it alone."""
+"""Continuous batching (``d3d.decode.continuous``) answers each prompt as greedy ar does on it alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from d3d.continuous import generate_continuous, shared_prefix
-from d3d.engines import generate
+from d3d.decode.continuous import generate_continuous, shared_prefix
+from d3d.decode.engines import generate
 
 from test_engines import tiny_target
 

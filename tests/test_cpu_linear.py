@@ -1,12 +1,12 @@
-"""Prepacked CPU matmuls (d3d.cpu_linear) and the CPU RMSNorm path: same results as the plain ops,
+"""Prepacked CPU matmuls (d3d.cpu.linear) and the CPU RMSNorm path: same results as the plain ops,
 stale copies never used, autograd untouched."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from d3d import cpu_linear
-from d3d.model import rms_norm
+from d3d.cpu import linear as cpu_linear
+from d3d.model.transformer import rms_norm
 
 needs_onednn = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no oneDNN packing ops")
 
@@ -30,7 +30,7 @@ def test_packed_linear_matches_f_linear(dtype, tol, M):
 @needs_onednn
 def test_packing_fp32_works_everywhere_and_bf16_where_the_cpu_has_it():
     """fp32 packs on every x86 CPU oneDNN supports; bf16 is probed, not assumed (AVX2-only CPUs refuse it)."""
-    from d3d.precision import cpu_flags
+    from d3d.cpu.precision import cpu_flags
 
     assert cpu_linear.packs(torch.float32) and not cpu_linear.packs(torch.float16)
     flags = set(cpu_flags())

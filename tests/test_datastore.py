@@ -1,4 +1,4 @@
-"""Drafting from a datastore (``d3d.datastore``): lookups against a loop oracle, lossless engines."""
+"""Drafting from a datastore (``d3d.decode.datastore``): lookups against a loop oracle, lossless engines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from d3d.datastore import SEPARATOR, Datastore, load_datastore, majority_walk, sorted_starts
+from d3d.decode.datastore import SEPARATOR, Datastore, load_datastore, majority_walk, sorted_starts
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
 
 
@@ -154,12 +154,12 @@ def test_sampling_with_a_datastore_follows_the_target_distribution(monkeypatch):
 
 
 def test_datastore_errors_are_named(tmp_path):
-    from d3d.engines import generate as library_generate
-    from d3d.train.answer_store import AnswerStore, target_fingerprint
+    from d3d.decode.engines import generate as library_generate
+    from d3d.data.answers import AnswerStore, target_fingerprint
 
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
-    with pytest.raises(ValueError, match="datastore: expected a d3d.datastore.Datastore"):
+    with pytest.raises(ValueError, match="datastore: expected a d3d.decode.datastore.Datastore"):
         library_generate(target, [1, 2], max_new_tokens=3, mode="sync", drafter=drafter, datastore=[[1, 2]])
     with pytest.raises(ValueError, match="datastore with mode='ar'"):
         library_generate(target, [1, 2], max_new_tokens=3, datastore=Datastore([[1, 2]]))

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from d3d.dflash import DFlashConfig, DFlashDrafter, load_dflash, save_dflash, target_layer_ids
-from d3d.engines import generate
-from d3d.model import apply_rope
+from d3d.draft.dflash import DFlashConfig, DFlashDrafter, load_dflash, save_dflash, target_layer_ids
+from d3d.decode.engines import generate
+from d3d.model.transformer import apply_rope
 
 from test_engines import PROMPTS, reference, tiny_target
 
@@ -80,7 +80,7 @@ def test_injected_attention_matches_a_hand_computation():
 
 
 def _layout(cache):
-    from d3d.cache import make_layout
+    from d3d.model.cache import make_layout
 
     return make_layout([0], [2], [cache.lengths[0]], "cpu", [[0, 0]])
 
@@ -116,7 +116,7 @@ def test_save_load_round_trip(tmp_path):
 
 def test_training_form_equals_inference_pass():
     """The dense training computation of a block equals the cached inference pass."""
-    from d3d.cache import make_layout
+    from d3d.model.cache import make_layout
     from d3d.train.dflash import block_hidden
 
     target = tiny_target(seed=7)
@@ -150,8 +150,8 @@ def test_train_dflash_smoke(tmp_path):
     summary = train_dflash(cfg, log=lambda *_: None)
     assert summary["steps_done"] == 6 and len(summary["history"]) == 1
     import d3d
-    from d3d.dflash import load_dflash
-    from d3d.prompts import heldout_prompts
+    from d3d.draft.dflash import load_dflash
+    from d3d.data.prompts import heldout_prompts
     from d3d.train.dflash import measure_dflash_tau
 
     target = d3d.load_model(tcfg.out)

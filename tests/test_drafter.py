@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import d3d
-import d3d.drafter as drafter_mod
-from d3d.drafter import load_drafter, save_drafter
-from d3d.prune import drop_layers
+import d3d.draft.drafter as drafter_mod
+from d3d.draft.drafter import load_drafter, save_drafter
+from d3d.train.prune import drop_layers
 from d3d.train.drafter import DrafterTrainConfig, training_mask, train_drafter
 from d3d.train.target import train_target
 
@@ -192,7 +192,7 @@ def test_reduced_vocab_drafts_argmax_over_its_ids(anchored):
     ids = torch.randperm(target.cfg.vocab_size - 1, generator=torch.Generator().manual_seed(0))[:17].sort().values
     small = reduced_drafter(target, ids)
     full = drafter_mod.Drafter(small.model, small.dcfg)  # same layers, the target's whole head
-    full_model = d3d.model.Transformer(small.cfg)
+    full_model = d3d.model.transformer.Transformer(small.cfg)
     full_model.load_state_dict({k: v for k, v in small.model.state_dict().items() if not k.startswith("lm_head")},
                                strict=False)
     full_model.embed_tokens, full_model.lm_head = target.embed_tokens, None
@@ -215,7 +215,7 @@ def test_reduced_vocab_drafts_argmax_over_its_ids(anchored):
 def untied_target(seed):
     """tiny_target with its own LM head (as Qwen2.5-Coder-0.5B converted from GGUF)."""
     base = tiny_target(seed=seed)
-    model = d3d.model.Transformer(base.cfg.replace(tie_word_embeddings=False))
+    model = d3d.model.transformer.Transformer(base.cfg.replace(tie_word_embeddings=False))
     model.load_state_dict(base.state_dict(), strict=False)
     torch.nn.init.normal_(model.lm_head.weight, std=0.6)
     return model.eval().requires_grad_(False)

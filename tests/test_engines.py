@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-import d3d.overlap as overlap_mod
-import d3d.speculative as speculative
-from d3d.cache import KVCache
-from d3d.config import ModelConfig
-from d3d.drafter import Block, Drafter, DrafterConfig, Drafts, drafter_model_config
-from d3d.engines import d3d_settings, generate as _generate
-from d3d.engines import generate as library_generate
+import d3d.decode.overlap as overlap_mod
+import d3d.decode.speculative as speculative
+from d3d.model.cache import KVCache
+from d3d.model.config import ModelConfig
+from d3d.draft.drafter import Block, Drafter, DrafterConfig, Drafts, drafter_model_config
+from d3d.decode.engines import d3d_settings, generate as _generate
+from d3d.decode.engines import generate as library_generate
 from d3d.kernels import skinny
-from d3d.model import Transformer
+from d3d.model.transformer import Transformer
 
 V = 48
 
@@ -194,7 +194,7 @@ def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
 
 
 def test_likely_length_is_the_run_believed_in_jointly():
-    from d3d.speculative import Draft
+    from d3d.decode.speculative import Draft
 
     d = Draft([5, 6, 7, 8], [0.9, 0.5, 0.9, 0.1], [[5], [6], [7], [8]], [[0.9], [0.5], [0.9], [0.1]])
     assert [d.likely_length(p) for p in (0.0, 0.9, 0.45, 0.4, 0.04, 0.95)] == [4, 1, 2, 3, 4, 0]
@@ -202,7 +202,7 @@ def test_likely_length_is_the_run_believed_in_jointly():
 
 
 def test_verify_width_is_the_shortest_draft_cut_to_the_longest_believed_run():
-    from d3d.speculative import Draft, verify_width
+    from d3d.decode.speculative import Draft, verify_width
 
     drafted = Draft([5, 6, 7, 8], [0.9, 0.5, 0.9, 0.1], [], [])  # joint 0.9, 0.45, 0.405, 0.04
     unsure = Draft([5, 6, 7, 8], [0.3, 0.9, 0.9, 0.9], [], [])  # joint 0.3, 0.27, ...
@@ -394,7 +394,7 @@ def test_sampling_follows_the_target_distribution(mode, monkeypatch):
 @pytest.mark.parametrize("layers", [1, 2])
 def test_packed_pass_equals_separate_passes(layers):
     """One joint pass of target and drafter gives the logits of two separate passes."""
-    from d3d.packed import PackedPair
+    from d3d.decode.packed import PackedPair
 
     target = tiny_target(seed=13)
     drafter = random_drafter(target, 4, seed=14, layers=layers)

@@ -1,4 +1,4 @@
-"""The gate (``d3d.gate``): plain target steps where drafting rounds measure slower.
+"""The gate (``d3d.decode.gate``): plain target steps where drafting rounds measure slower.
 
 Its choices depend on timing, so the engine tests fix them with a scripted gate; the choice
 itself is tested on given tokens and seconds."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-import d3d.speculative as speculative
-from d3d.engines import generate as library_generate
-from d3d.gate import DRAFT, STEP, Gate
+import d3d.decode.speculative as speculative
+from d3d.decode.engines import generate as library_generate
+from d3d.decode.gate import DRAFT, STEP, Gate
 from test_engines import PROMPTS, assert_samples_follow_target, generate, random_drafter, reference, tiny_target
 
 
@@ -128,7 +128,7 @@ def test_sampling_with_steps_follows_the_target_distribution(monkeypatch, script
 
 
 def test_gate_defaults_and_errors():
-    from d3d.overlap import default_gate
+    from d3d.decode.overlap import default_gate
     import torch
 
     assert not any(default_gate(torch.device(d), m) for d in ("cpu", "cuda") for m in ("sync", "async"))

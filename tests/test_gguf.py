@@ -71,7 +71,7 @@ def test_converted_model_matches_transformers(tmp_path, kind):
 
 
 def test_bad_gguf_inputs(tmp_path):
-    from d3d.gguf import convert_gguf
+    from d3d.model.gguf import convert_gguf
 
     hf = make_hf_model("qwen2", heads=4, kv_heads=2, hidden=64, max_pos=128)
     write_gguf(hf, tmp_path / "llama.gguf", "llama")
@@ -88,7 +88,7 @@ def test_bad_gguf_inputs(tmp_path):
 def test_conversion_is_all_or_nothing(tmp_path, monkeypatch):
     """Dependencies are checked before any work, and a conversion that fails part-way (or is
     killed) leaves no directory that looks like a checkpoint; a re-run then succeeds."""
-    import d3d.gguf as g
+    import d3d.model.gguf as g
 
     hf = make_hf_model("qwen3", heads=4, kv_heads=2, head_dim=16, hidden=64, max_pos=128)
     write_gguf(hf, tmp_path / "m.gguf", "qwen3")

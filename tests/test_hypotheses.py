@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from d3d.hypotheses import Hypothesis, matching, outcome_hypotheses
+from d3d.decode.hypotheses import Hypothesis, matching, outcome_hypotheses
 
 
 def brute_force(drafts, dists):

@@ -18,11 +18,11 @@ SCRIPT = textwrap.dedent('''
     sys.meta_path.insert(0, NoTriton())
     import torch
     import d3d
-    from d3d.config import preset
-    from d3d.drafter import Drafter, DrafterConfig, drafter_model_config
+    from d3d.model.config import preset
+    from d3d.draft.drafter import Drafter, DrafterConfig, drafter_model_config
     from d3d.kernels import HAVE_TRITON
     from d3d.kernels.attention import packed_attention
-    from d3d.model import Transformer
+    from d3d.model.transformer import Transformer
 
     assert not HAVE_TRITON
     torch.manual_seed(0)
@@ -50,12 +50,12 @@ def test_cpu_path_without_triton():
 
 
 def test_run_time_package_does_not_import_training_code():
-    """Prompt sets (run time) and training data share d3d/corpus.py; d3d.prompts never pulls in d3d.train."""
+    """Prompt sets (run time) and training data share d3d/data/corpus.py; d3d.data.prompts never pulls in d3d.train."""
     script = textwrap.dedent('''
         import sys
         import d3d
         from d3d.assets import BUNDLED_TARGET, bundled
-        from d3d.prompts import code_prompts
+        from d3d.data.prompts import code_prompts
         prompts = code_prompts(d3d.load_tokenizer(bundled(BUNDLED_TARGET)), 2, 16)
         assert len(prompts) == 2 and all(len(p) == 16 for p in prompts)
         loaded = sorted(m for m in sys.modules if m.startswith("d3d.train"))
@@ -64,3 +64,87 @@ def test_run_time_package_does_not_import_training_code():
     ''')
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    """The d3d modules ``path`` imports (relative imports resolved; ``from pkg import sub`` counts sub)."""
+    import ast
+
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1]
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + (node.module.split(".") if node.module else []))
+            for alias in node.names:
+                sub = f"{mod}.{alias.name}"
+                out.add(sub if (ROOT / (sub.replace(".", "/") + ".py")).exists() else mod)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m == "d3d" or m.startswith("d3d.")}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_run_time_module_imports_training_code():
+    """Static: no module outside d3d/train/ (the CLI's training commands aside) imports d3d.train, even lazily."""
+    offenders = []
+    for path in sorted((ROOT / "d3d").rglob("*.py")):
+        mod = _module(path)
+        if mod.startswith("d3d.train") or mod == "d3d.__main__":
+            continue
+        offenders += [f"{mod} -> {m}" for m in _imports(path, top_level_only=False) if m.startswith("d3d.train")]
+    assert not offenders, offenders
+
+
+def test_module_level_imports_have_no_cycle():
+    graph = {_module(p): _imports(p, top_level_only=True) for p in (ROOT / "d3d").rglob("*.py")}
+    state: dict[str, int] = {}
+
+    def visit(m, trail):
+        if state.get(m) == 1:
+            raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(m):] + [m]))
+        if state.get(m) == 2 or m not in graph:
+            return
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if n != m and not m.startswith(n + "."):  # a submodule importing its own package's __init__ is fine
+                visit(n, trail + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
+
+
+def test_readme_layout_tree_names_every_module():
+    """The README's architecture tree is kept true: every module under d3d/ (train/ summarised on one line)
+    is listed in its folder, and every listed file exists."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```\nd3d/\n(.*?)```", text, re.S).group(1)
+    listed, stack = set(), []
+    for line in block.splitlines():
+        m = re.match(r"( *)(\S+)", line)
+        if not m:
+            continue
+        depth, name = len(m.group(1)) // 2, m.group(2)
+        if depth == 0:  # models/, bench/, ... after the d3d tree
+            break
+        stack = stack[: depth - 1]
+        if name.endswith("/"):
+            stack.append(name[:-1])
+        elif name.endswith((".py", ".cpp", ".h")) and "(" not in name:
+            listed.add("/".join(["d3d"] + stack + [name]))
+    for path in sorted(listed):
+        assert (ROOT / path).is_file(), f"README lists {path}, which does not exist"
+    actual = {str(p.relative_to(ROOT)) for p in (ROOT / "d3d").rglob("*.py")
+              if "train" not in p.parts and not (p.name == "__init__.py" and p.parent.name not in ("d3d", "kernels"))}
+    missing = sorted(actual - listed)
+    assert not missing, f"README's architecture tree misses {missing}"

@@ -1,13 +1,13 @@
 """Bonus leaves: the likeliest bonuses verified as one-token branches beside the drafts
-(``leaves=L``, ``d3d.speculative``) — lossless at T = 0 and T > 0, and a hit commits one more token."""
+(``leaves=L``, ``d3d.decode.speculative``) — lossless at T = 0 and T > 0, and a hit commits one more token."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from d3d.cache import KVCache
-from d3d.hypotheses import Hypothesis, bonus_leaves
+from d3d.model.cache import KVCache
+from d3d.decode.hypotheses import Hypothesis, bonus_leaves
 from d3d.kernels import skinny
 from test_engines import (PROMPTS, V, OracleDrafter, assert_samples_follow_target, generate, random_drafter,
                           reference, tiny_target)
@@ -51,8 +51,8 @@ def test_leaf_logits_are_the_branch_logits_and_a_hit_moves_its_cache_entry():
     """Two rows with uneven leaves in one pass: each leaf's logits equal a plain forward over the
     prefix, the anchor, the drafts before its position and the leaf; committing a leaf hit leaves
     the cache as if the branch had been the drafts."""
-    from d3d.generation import GenerationStats, Output
-    from d3d.speculative import Outcome, Sequences
+    from d3d.decode.generation import GenerationStats, Output
+    from d3d.decode.speculative import Outcome, Sequences
 
     target = tiny_target(seed=31)
     prompts = [[3, 7, 1, 4], [5, 9]]

@@ -1,4 +1,4 @@
-"""Drafting by lookup (``d3d.lookup``, ``lookup=n``): copied chains, lossless in every mode."""
+"""Drafting by lookup (``d3d.decode.lookup``, ``lookup=n``): copied chains, lossless in every mode."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from d3d.lookup import LONG, LONG_MATCH, SHORT_MATCH, copy_confidence, lookup_chain, lookup_copy
+from d3d.decode.lookup import LONG, LONG_MATCH, SHORT_MATCH, copy_confidence, lookup_chain, lookup_copy
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
 
 
@@ -61,7 +61,7 @@ def test_greedy_with_lookup_equals_ar(mode, ngram):
 
 
 def test_default_lookup_three_for_sync_none_for_async():
-    from d3d.engines import generate as library_generate
+    from d3d.decode.engines import generate as library_generate
 
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
@@ -81,7 +81,7 @@ def test_copied_rounds_are_reported():
                    on_round=rounds.append)
     copied = [r for r in rounds if r.copied]
     assert len(copied) == out.stats.lookup_drafts > 0
-    # their confidence is the estimate's (d3d.lookup), not certainty
+    # their confidence is the estimate's (d3d.decode.lookup), not certainty
     drafted = [r for r in copied if r.draft]
     assert drafted and all(any(math.isclose(r.confidence, math.prod(copy_confidence(m, len(r.draft))))
                                for m in (3, LONG)) for r in drafted)

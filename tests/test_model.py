@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import d3d
-from d3d.checkpoint import load_model, save_model
-from d3d.engines import generate
+from d3d.model.checkpoint import load_model, save_model
+from d3d.decode.engines import generate
 
 from helpers import make_hf_model, save_hf
 

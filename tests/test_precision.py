@@ -1,11 +1,11 @@
-"""The dtype policy (d3d.precision) with mocked CPU capabilities, and the bf16 path it picks."""
+"""The dtype policy (d3d.cpu.precision) with mocked CPU capabilities, and the bf16 path it picks."""
 
 import pytest
 import torch
 
 import d3d
-from d3d import precision
-from d3d.precision import DtypeChoice, auto_dtype, decide_cpu, resolve_dtype
+from d3d.cpu import precision
+from d3d.cpu.precision import DtypeChoice, auto_dtype, decide_cpu, resolve_dtype
 
 from helpers import make_hf_model, save_hf
 

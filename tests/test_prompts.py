@@ -2,8 +2,8 @@
 
 import d3d
 from d3d.assets import BUNDLED_TARGET, models_dir
-from d3d.corpus import find_corpus
-from d3d.prompts import heldout_prompts, seen_in
+from d3d.data.corpus import find_corpus
+from d3d.data.prompts import heldout_prompts, seen_in
 
 from test_train_target import make_corpus
 
@@ -32,7 +32,7 @@ def test_windows_seen_in_training_are_dropped(tmp_path):
 
 
 def test_multi_root_corpus_dedups_by_content_and_keeps_evaluation_packages_out(tmp_path):
-    from d3d.corpus import multi_root_corpus
+    from d3d.data.corpus import multi_root_corpus
 
     a, b = tmp_path / "a", tmp_path / "b"
     for root in (a, b):
@@ -57,8 +57,8 @@ def test_code_prompts_come_from_the_targets_own_corpus(tmp_path):
 
     import pytest
 
-    from d3d.corpus import training_corpus
-    from d3d.prompts import load_prompt_set
+    from d3d.data.corpus import training_corpus
+    from d3d.data.prompts import load_prompt_set
 
     root = make_corpus(tmp_path / "corpus", n_files=40)
     target = tmp_path / "target"

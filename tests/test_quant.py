@@ -1,4 +1,4 @@
-"""Quantized weights (d3d.quant, d3d.kernels.quant): the kernel computes the fp32 panel chain on the
+"""Quantized weights (d3d.cpu.quant, d3d.kernels.quant): the kernel computes the fp32 panel chain on the
 dequantized matrix bit for bit (AVX2 and AVX-512 alike), every row count rounds each row alike, GGUF
 blocks are kept without re-quantization error, and speculative decoding on quantized weights is
 token-exact against AR on the same weights."""
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import d3d
-from d3d import precision
+from d3d.cpu import precision
 from d3d.kernels import quant as kernel
 from d3d.kernels.naive import quant_matmul_reference, skinny_matmul_reference
-from d3d.quant import QuantWeight, Stacked, join, quantize
+from d3d.cpu.quant import QuantWeight, Stacked, join, quantize
 
 needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"quant kernel unavailable: {kernel.why_unavailable()}")
 ISAS = ["avx2"] + (["avx512"] if "avx512f" in precision.cpu_flags() else [])
@@ -193,7 +193,7 @@ def test_int8_activations_row_invariance_over_every_row_count():
 
 
 def test_activation_choice(monkeypatch):
-    from d3d.quant import int8_activations
+    from d3d.cpu.quant import int8_activations
 
     monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "fp32")
     assert not int8_activations(896, 32)
@@ -256,7 +256,7 @@ def need_gguf():
 
 def random_blocks(kind, n, k, rng):
     """Random raw blocks of ``kind`` with finite fp16 scale fields (random bytes elsewhere)."""
-    from d3d.gguf import BLOCKS
+    from d3d.model.gguf import BLOCKS
 
     nbytes, per, _ = BLOCKS[kind]
     blocks = rng.integers(0, 256, size=(n * k // per, nbytes), dtype=np.uint8)
@@ -270,7 +270,7 @@ def random_blocks(kind, n, k, rng):
 @pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
 def test_gguf_blocks_are_kept_without_requantization_error(kind):
     """Every weight of the kept blocks has the fp32 value gguf.dequantize gives, bit for bit."""
-    from d3d.gguf import quant_weight
+    from d3d.model.gguf import quant_weight
 
     gguf = need_gguf()
     raw = random_blocks(kind, 5, 512, np.random.default_rng(len(kind)))
@@ -291,7 +291,7 @@ def test_quantized_gguf_converts_loads_without_gguf_and_decodes_losslessly(tmp_p
     gguf = need_gguf()
     from test_gguf import to_gguf_name
 
-    from d3d.gguf import convert_gguf
+    from d3d.model.gguf import convert_gguf
     from helpers import make_hf_model
 
     hf = make_hf_model("qwen3", heads=4, kv_heads=2, head_dim=16, hidden=64, inter=96, vocab=256, max_pos=128)
@@ -382,7 +382,7 @@ def test_decide_weights_with_mocked_machines():
 
 
 def test_auto_weights_rules_and_errors(monkeypatch):
-    from d3d.config import ModelConfig
+    from d3d.model.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
@@ -409,7 +409,7 @@ def test_auto_weights_rules_and_errors(monkeypatch):
 
 
 def test_int5_widens_to_the_same_int8_weights():
-    from d3d.quant import widen
+    from d3d.cpu.quant import widen
 
     fmt = random_format(5, 20, 64, 32, torch.Generator().manual_seed(5))
     assert torch.equal(QuantWeight(*widen(fmt)).dequantize(), QuantWeight(*fmt).dequantize())

@@ -1,4 +1,4 @@
-"""The row price (``d3d.row_price``): verify a draft while its chance beats R * b, measured as it runs.
+"""The row price (``d3d.decode.row_price``): verify a draft while its chance beats R * b, measured as it runs.
 
 The threshold depends on timing, so the engine tests fix it with a scripted price; the estimate
 itself is tested on given rows, seconds and tokens."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-import d3d.speculative as speculative
-from d3d.row_price import RowPrice
+import d3d.decode.speculative as speculative
+from d3d.decode.row_price import RowPrice
 from test_engines import PROMPTS, generate, random_drafter, reference, tiny_target
 
 
@@ -111,7 +111,7 @@ def test_auto_prices_leaves_like_drafts(mode, monkeypatch):
 
 def test_leaf_score_cut_keeps_the_ranking():
     """Leaves scored 1 x 0.3 (the rival of d_1), 0.5 x 0.1 and 0.5 x 0.8 x 0.05: a cut at 0.2 keeps the first."""
-    from d3d.hypotheses import Hypothesis
+    from d3d.decode.hypotheses import Hypothesis
 
     top_ids, top_probs = [[9, 7], [8, 4], [9, 3]], [[0.3, 0.5], [0.8, 0.1], [0.9, 0.05]]
     side = speculative.Drafting.__new__(speculative.Drafting)

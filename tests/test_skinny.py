@@ -1,5 +1,5 @@
 """The fp32 panel matmul (d3d.kernels.skinny): the fma chain it documents, bit for bit; row invariance
-for every row count and thread count; odd shapes; named errors; how d3d.cpu_linear picks it."""
+for every row count and thread count; odd shapes; named errors; how d3d.cpu.linear picks it."""
 
 import shutil
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from d3d import cpu_linear
+from d3d.cpu import linear as cpu_linear
 from d3d.kernels import skinny
 from d3d.kernels.naive import skinny_matmul_reference
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from d3d.assets import qwen3_tokenizer_dir
-from d3d.tokenizer import load_tokenizer
+from d3d.model.tokenizer import load_tokenizer
 
 try:
     QWEN3 = qwen3_tokenizer_dir()

@@ -25,7 +25,7 @@ class Counter:
 def make_corpus(root, n_files=24):
     """Files of the same shape, every line carrying the file's own number: a repetitive,
     learnable corpus whose held-out windows still share no 80-character slice with training
-    files (d3d.prompts drops windows that do)."""
+    files (d3d.data.prompts drops windows that do)."""
     root.mkdir(parents=True, exist_ok=True)
     for i in range(n_files):
         text = (SNIPPET.replace("add", f"add_{i}").replace("Counter", f"Counter{i}").replace("count", f"count_{i}")

@@ -25,7 +25,7 @@ With ``reach`` given ([T], ``reach[i] <= group_ids[i]``) the rule becomes: query
 iff ``group_ids[j] == group_ids[i]`` (its own group) or ``group_ids[j] < reach[i]`` (the earlier
 groups below its reach). ``reach = group_ids`` is the rule above. It lets sibling blocks branch
 off one causal run at different points and ignore each other (the outcome hypotheses of async
-drafting, ``d3d.drafter``):
+drafting, ``d3d.draft.drafter``):
 
     groups  0 1 2 3 4  5 5 5  6 6 6        clean run d0..d4, then two blocks
     reach   0 1 2 3 4  2 2 2  5 5 5        block 5 sees d0, d1 (a branch after d1), block 6 d0..d4

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..precision import cpu_flags
+from ..cpu.precision import cpu_flags
 
 AVX2_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 AVX2 = frozenset({"avx2", "fma"})

@@ -197,7 +197,7 @@ _EMPTY = torch.empty(0)
 
 def matmul_packed(x, q, h, s, m, n, bits, int8_activations: bool = False):
     """``matmul`` (or ``matmul_vnni`` with ``int8_activations``) without the Python checks, for
-    ``d3d.quant.QuantWeight`` (which made the panels; ~170 calls a pass): the extension still
+    ``d3d.cpu.quant.QuantWeight`` (which made the panels; ~170 calls a pass): the extension still
     checks every shape."""
     h, m, group = _EMPTY if h is None else h, _EMPTY if m is None else m, x.shape[1] // s.shape[1]
     if int8_activations:

@@ -3,7 +3,7 @@
     y [M, N] = x [M, K] @ W^T,  W dequantized tile by tile in registers from row-major blocks:
     int8 w = q * s;  int5 w = (q - 16) * s;  int4 w = q * s - m   (one s, m per group of G along k)
 
-The formats are those of ``d3d.quant`` (the CPU kernel's, row-major instead of in panels: q int8
+The formats are those of ``d3d.cpu.quant`` (the CPU kernel's, row-major instead of in panels: q int8
 [N, K] or uint8 [N, K/2] with k even in the low nibble, int5's high bits [N, K/8], s/m [N, K/G]).
 Each program computes a BLOCK_M x BLOCK_N tile of y, walking k in blocks of BLOCK_K: it loads the
 bytes, unpacks them, scales them in fp32 and multiplies with ``tl.dot`` (fp32 accumulation). A GPU
@@ -54,7 +54,7 @@ def _quant_mm_kernel(x_ptr, q_ptr, h_ptr, s_ptr, m_ptr, y_ptr, M, N, K, G,
 
 def quant_linear_triton(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: int,
                         h: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (fp32/fp16/bf16) @ W^T -> fp32 [M, N], W row-major as in ``d3d.quant`` (see the module)."""
+    """x [M, K] (fp32/fp16/bf16) @ W^T -> fp32 [M, N], W row-major as in ``d3d.cpu.quant`` (see the module)."""
     if bits not in (4, 5, 8):
         raise ValueError(f"quant_linear_triton: bits must be 8, 5 or 4, got {bits}")
     if x.dim() != 2:

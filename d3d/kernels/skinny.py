@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..precision import cpu_flags
+from ..cpu.precision import cpu_flags
 from .cpp import AVX2_FLAGS, build
 
 SOURCE = Path(__file__).with_name("skinny_gemm.cpp")
@@ -71,7 +71,7 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
 
 def matmul_packed(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     """``matmul`` without the Python checks, for a caller that made ``panels`` with ``pack`` and
-    checked x (``d3d.cpu_linear``: ~170 calls a pass); the extension still checks every shape."""
+    checked x (``d3d.cpu.linear``: ~170 calls a pass); the extension still checks every shape."""
     return _load()[0].matmul(x, panels, n)
 
 

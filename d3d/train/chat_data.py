@@ -3,7 +3,7 @@
 A chat model answers requests, so its drafter should learn from answers, not from raw file
 windows. The prompts here mimic the HumanEval chat format the benchmark uses, built from the
 *training split* of the standard library: each prompt is a function header + docstring cut out
-of a training file with ``ast``, wrapped in a user message (``d3d.prompts.code_request``, three
+of a training file with ``ast``, wrapped in a user message (``d3d.data.prompts.code_request``, three
 phrasings). The target's greedy answer (up to ``gen_len`` tokens, stopping at its end-of-turn
 token) is the supervision, kept in an ``AnswerStore`` (a directory that can be committed, so the
 slow answers outlive the machine). With ``extra_functions`` a longer list goes on, past the
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from ..continuous import generate_continuous
-from ..model import Transformer
-from ..prompts import CHAT_TEMPLATES, code_request, explain_request, review_request, tests_request
-from ..tokenizer import Tokenizer
-from ..corpus import PYTHON_SOURCES, Corpus, find_corpus, read_texts
-from .answer_store import AnswerStore, target_fingerprint
+from ..decode.continuous import generate_continuous
+from ..model.transformer import Transformer
+from ..data.prompts import CHAT_TEMPLATES, code_request, explain_request, review_request, tests_request
+from ..model.tokenizer import Tokenizer
+from ..data.corpus import PYTHON_SOURCES, Corpus, find_corpus, read_texts
+from ..data.answers import AnswerStore, target_fingerprint
 from .common import resumable_chunks
 
 def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
@@ -106,7 +106,7 @@ def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: floa
                  extra_functions: bool = False) -> list[list[int]]:
     """``n`` chat prompts (token ids) built from function snippets of the ``split`` files: "train",
     or a held-out part — "validation" (a trainer's τ monitor, checkpoint picks), "evaluation"
-    (reported figures) or "heldout" (both; ``d3d.corpus.Corpus.part``). ``explain``: ask for a
+    (reported figures) or "heldout" (both; ``d3d.data.corpus.Corpus.part``). ``explain``: ask for a
     prose explanation of each function (``explain_request``) instead of its code. Past the split's
     functions the requests repeat them; with ``extra_functions`` (train split only) the functions
     of ``extra_train_snippets`` come first. The first requests never depend on ``n``, so the
@@ -159,7 +159,7 @@ def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: st
     """``(ids, loss_mask)`` ``[rows, window]``: every answer in the store at ``store_dir``
     (``AnswerStore``), after answering requests (``chat_requests``) it does not hold yet until it
     holds ``n_sequences``. Answers are generated ``slots`` sequences in flight (continuous
-    batching, ``d3d.continuous``) and kept after every ``batch`` requests (a killed call's answers
+    batching, ``d3d.decode.continuous``) and kept after every ``batch`` requests (a killed call's answers
     are sealed by the next); ``minutes``: stop generating after this much wall time and seal what
     was made — data in chunks that fit a session."""
     store = AnswerStore(store_dir, target_fingerprint(target), gen_len)

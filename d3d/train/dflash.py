@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import load_model
-from ..dflash import DFlashConfig, DFlashDrafter, save_dflash, target_layer_ids
-from ..engines import generate
+from ..model.checkpoint import load_model
+from ..draft.dflash import DFlashConfig, DFlashDrafter, save_dflash, target_layer_ids
+from ..decode.engines import generate
 from ..files import write_json
-from ..model import apply_rope
-from ..prompts import heldout_prompts
-from ..tokenizer import Tokenizer
+from ..model.transformer import apply_rope
+from ..data.prompts import heldout_prompts
+from ..model.tokenizer import Tokenizer
 from .common import make_optimizer
 from .drafter import init_from_target_layers, labelling_model, make_training_data, pick_mask_id
 from .loop import TrainSettings, train_loop

@@ -27,17 +27,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import SHARED_EMBEDDINGS, load_model, read_state
-from ..config import ModelConfig
-from ..corpus import find_corpus, read_texts, training_corpus
-from ..drafter import DRAFT_VOCAB, Drafter, DrafterConfig, draft_head, drafter_model_config, save_drafter
-from ..engines import generate
+from ..model.checkpoint import SHARED_EMBEDDINGS, load_model, read_state
+from ..model.config import ModelConfig
+from ..data.corpus import find_corpus, read_texts, training_corpus
+from ..draft.drafter import DRAFT_VOCAB, Drafter, DrafterConfig, draft_head, drafter_model_config, save_drafter
+from ..decode.engines import generate
 from ..files import write_json
 from ..kernels.attention import bd3_training_mask
-from ..model import Transformer
-from ..precision import resolve_dtype
-from ..prompts import heldout_prompts
-from ..tokenizer import Tokenizer
+from ..model.transformer import Transformer
+from ..cpu.precision import resolve_dtype
+from ..data.prompts import heldout_prompts
+from ..model.tokenizer import Tokenizer
 from .bd3_compact import compact_layout, grouped_batch, kept_length, length_order
 from .chat_data import REQUEST_KINDS, chat_prompts, make_chat_training_data
 from .common import make_optimizer, resumable_rows, save_atomic
@@ -542,7 +542,7 @@ def evaluate_drafter(target_dir: str, drafter_dir: str, n_code: int = 16, n_huma
     function snippets, HumanEval is asked in the chat format, and generation stops at end of turn.
     """
     from .. import load_drafter, load_model, load_tokenizer
-    from ..prompts import load_prompt_set
+    from ..data.prompts import load_prompt_set
 
     target = load_model(target_dir)
     tok = load_tokenizer(target_dir)

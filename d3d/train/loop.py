@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from ..precision import resolve_dtype
+from ..cpu.precision import resolve_dtype
 from .common import Progress, batch_generator, cosine_lr, load_training_state, save_training_state
 
 
@@ -184,7 +184,7 @@ def _changed_settings(saved: dict, cfg) -> list[str]:
 
 def autocast_context(compute_dtype: str, device: torch.device):
     """A context factory: bf16 autocast when ``compute_dtype`` (or, for "auto", the dtype policy of
-    ``d3d.precision``) says bf16, else nothing. Weights, optimizer state and the loss stay fp32.
+    ``d3d.cpu.precision``) says bf16, else nothing. Weights, optimizer state and the loss stay fp32.
 
     Measured: a training step of the 12.6M bundled-target shape (batch 16 x 256) took 2.67-2.87 s
     in fp32 and 0.91-1.25 s under bf16 autocast (AMD EPYC Zen 5 with avx512_bf16, 2 threads)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..model import Transformer
+from ..model.transformer import Transformer
 from .common import resumable_rows, save_atomic
 
 

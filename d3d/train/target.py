@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import save_model
-from ..config import ModelConfig
-from ..corpus import find_corpus, read_texts
+from ..model.checkpoint import save_model
+from ..model.config import ModelConfig
+from ..data.corpus import find_corpus, read_texts
 from ..files import write_json
-from ..model import Transformer
-from ..tokenizer import Tokenizer
+from ..model.transformer import Transformer
+from ..model.tokenizer import Tokenizer
 from .bpe import save_tokenizer, train_bpe
 from .common import make_optimizer
 from .loop import TrainSettings, train_loop

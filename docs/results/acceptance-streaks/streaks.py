@@ -11,7 +11,7 @@ import json
 import sys
 
 import d3d
-from d3d.corpus import training_corpus
+from d3d.data.corpus import training_corpus
 from d3d.train.chat_data import chat_prompts
 
 

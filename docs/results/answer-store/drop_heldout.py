@@ -9,9 +9,9 @@ import re
 import sys
 
 from d3d.assets import qwen3_tokenizer_dir
-from d3d.corpus import find_corpus, read_texts
-from d3d.tokenizer import load_tokenizer
-from d3d.train.answer_store import AnswerStore, read_manifest
+from d3d.data.corpus import find_corpus, read_texts
+from d3d.model.tokenizer import load_tokenizer
+from d3d.data.answers import AnswerStore, read_manifest
 from d3d.train.chat_data import function_snippets
 
 root = sys.argv[1]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from d3d.checkpoint import load_model
-from d3d.tokenizer import Tokenizer
-from d3d.train.answer_store import AnswerStore, target_fingerprint
+from d3d.model.checkpoint import load_model
+from d3d.model.tokenizer import Tokenizer
+from d3d.data.answers import AnswerStore, target_fingerprint
 from d3d.train.chat_data import chat_requests
 from d3d.train.common import save_atomic
 

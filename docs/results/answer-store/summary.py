@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from d3d.files import write_json
-from d3d.train.answer_store import read_manifest, sealed_answers
+from d3d.data.answers import read_manifest, sealed_answers
 
 root, out = Path(sys.argv[1]), sys.argv[2]
 manifest, answers = read_manifest(root), sealed_answers(root)

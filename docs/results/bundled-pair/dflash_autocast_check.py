@@ -12,7 +12,7 @@ import torch
 import d3d
 from bench.common import machine
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_TARGET, bundled
-from d3d.dflash import load_dflash
+from d3d.draft.dflash import load_dflash
 from d3d.train.dflash import DFlashTrainConfig, dflash_loss
 
 target = d3d.load_model(bundled(BUNDLED_TARGET), dtype="float32")

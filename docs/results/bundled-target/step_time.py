@@ -1,7 +1,7 @@
 """Training-step time of the two candidate target shapes, interleaved in one process (docs/results/bundled-target/size_choice.md)."""
 import time, torch, torch.nn.functional as F
-from d3d.config import ModelConfig
-from d3d.model import Transformer
+from d3d.model.config import ModelConfig
+from d3d.model.transformer import Transformer
 torch.manual_seed(0)
 def cfg(h, L, H, mlp):
     return ModelConfig(vocab_size=8192, hidden_size=h, intermediate_size=mlp, num_hidden_layers=L, num_attention_heads=H,

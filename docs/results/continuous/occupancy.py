@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from d3d.files import write_json
-from d3d.train.answer_store import read_chunk, read_manifest
+from d3d.data.answers import read_chunk, read_manifest
 
 root, out = Path(sys.argv[1]), sys.argv[2]
 chunks = read_manifest(root)["chunks"][:4]

@@ -4,9 +4,9 @@ requests x 128 tokens, fp32), then a cProfile of a third request by internal tim
     python docs/results/copy-length/overhead.py TARGET_DIR > docs/results/copy-length/overhead.txt
 """
 import sys, time, cProfile, pstats, d3d
-from d3d.corpus import training_corpus
+from d3d.data.corpus import training_corpus
 from d3d.train.chat_data import chat_prompts
-from d3d.tokenizer import load_tokenizer
+from d3d.model.tokenizer import load_tokenizer
 T = sys.argv[1]
 target = d3d.load_model(T, dtype="float32")
 drafter = d3d.load_drafter("models/d3d-drafter-qwen2.5-coder-0.5b", target=target)

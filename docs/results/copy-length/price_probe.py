@@ -4,10 +4,10 @@ the threshold of every 8th round and the final estimates of b (seconds per verif
     python docs/results/copy-length/price_probe.py TARGET_DIR > docs/results/copy-length/price_probe.txt
 """
 import sys, torch, d3d
-import d3d.speculative as sp
-from d3d.corpus import training_corpus
+import d3d.decode.speculative as sp
+from d3d.data.corpus import training_corpus
 from d3d.train.chat_data import chat_prompts
-from d3d.tokenizer import load_tokenizer
+from d3d.model.tokenizer import load_tokenizer
 T = sys.argv[1]
 target = d3d.load_model(T, dtype="float32")
 drafter = d3d.load_drafter("models/d3d-drafter-qwen2.5-coder-0.5b", target=target)

@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from d3d.train.answer_store import read_chunk, read_manifest
+from d3d.data.answers import read_chunk, read_manifest
 
 STORE = Path(sys.argv[1] if len(sys.argv) > 1 else "data/qwen2.5-coder-answers")
 DEPTH, STEP, ROW = 15, 129.0, 9.3  # ms: bench passes on AVX2 fp32, T=1 129 ms, T=16 278 ms

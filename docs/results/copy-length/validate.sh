@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# verify_min_prob "auto" (d3d/row_price.py; copied chains now carry d3d/lookup.py's estimates) on
+# verify_min_prob "auto" (d3d/decode/row_price.py; copied chains now carry d3d/decode/lookup.py's estimates) on
 # validation requests only (held-out functions; never an evaluation prompt): ar, sync (defaults: 0.05),
 # sync~auto and sync~0.2 side by side in one run per set (~50 min on a 2-core AVX2 CPU in fp32).
 #   bash docs/results/copy-length/validate.sh TARGET_DIR [OUT_DIR]

@@ -9,8 +9,8 @@ sys.path.insert(0, ".")
 import d3d  # noqa: E402
 from bench.common import machine  # noqa: E402
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled  # noqa: E402
-from d3d.dflash import load_dflash  # noqa: E402
-from d3d.prompts import load_prompt_set  # noqa: E402
+from d3d.draft.dflash import load_dflash  # noqa: E402
+from d3d.data.prompts import load_prompt_set  # noqa: E402
 from d3d.train.drafter import measure_tau  # noqa: E402
 
 target = d3d.load_model(bundled(BUNDLED_TARGET))

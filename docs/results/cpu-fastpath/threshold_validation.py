@@ -3,7 +3,7 @@ import json, statistics, sys, time
 import torch
 import d3d
 from d3d.assets import bundled, BUNDLED_TARGET, BUNDLED_DRAFTER
-from d3d.prompts import heldout_prompts
+from d3d.data.prompts import heldout_prompts
 sys.path.insert(0, ".")
 from bench.common import machine
 torch.set_grad_enabled(False)

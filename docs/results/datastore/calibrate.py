@@ -11,9 +11,9 @@ of the estimate c / (n + a) for a few a, the chosen smoothing (``Datastore(prior
 from collections import defaultdict
 from pathlib import Path
 
-from d3d.datastore import Datastore
-from d3d.lookup import lookup_chain
-from d3d.train.answer_store import read_chunk, read_manifest
+from d3d.decode.datastore import Datastore
+from d3d.decode.lookup import lookup_chain
+from d3d.data.answers import read_chunk, read_manifest
 
 STORE = Path("data/qwen2.5-coder-answers")
 chunks = read_manifest(STORE)["chunks"]

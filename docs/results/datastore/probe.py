@@ -17,8 +17,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from d3d.lookup import lookup_chain
-from d3d.train.answer_store import read_chunk, read_manifest
+from d3d.decode.lookup import lookup_chain
+from d3d.data.answers import read_chunk, read_manifest
 from pathlib import Path
 
 STORE = Path(sys.argv[1] if len(sys.argv) > 1 else "data/qwen2.5-coder-answers")

@@ -9,8 +9,8 @@ with ``sync+gate`` meaning this variant:
 """
 import sys
 
-import d3d.speculative
-from d3d.gate import DRAFT, STEP, Gate
+import d3d.decode.speculative
+from d3d.decode.gate import DRAFT, STEP, Gate
 
 
 class SlowGate(Gate):
@@ -29,7 +29,7 @@ class SlowGate(Gate):
         return best
 
 
-d3d.speculative.Gate = SlowGate
+d3d.decode.speculative.Gate = SlowGate
 from bench.speculative import main  # noqa: E402
 
 target, name, out = sys.argv[1:4]

@@ -12,7 +12,7 @@ import time
 import torch
 
 import d3d
-from d3d.generation import prefill
+from d3d.decode.generation import prefill
 
 target = d3d.load_model(sys.argv[1], dtype="float32")
 cache = target.new_cache(rows=1, max_len=400)

@@ -1,4 +1,4 @@
-"""Offline probe behind ``d3d.lookup``: in the rounds the shipped Qwen drafter actually ran (sync,
+"""Offline probe behind ``d3d.decode.lookup``: in the rounds the shipped Qwen drafter actually ran (sync,
 P = 0.02, 2 leaves, 8 validation chat requests, 128 tokens), how many tokens would a chain copied
 from the context have had accepted instead? An upper-bound estimate: with copied chains the rounds
 would fall differently (a long copy consumes in one round what several drafter rounds did).
@@ -10,7 +10,7 @@ import collections
 import sys
 
 import d3d
-from d3d.lookup import lookup_chain
+from d3d.decode.lookup import lookup_chain
 from d3d.train.chat_data import chat_prompts
 
 target_dir = sys.argv[1]

@@ -1,4 +1,4 @@
-"""Cost of ``d3d.lookup.lookup_chain`` in its worst case (no match: every n-gram length scanned to the
+"""Cost of ``d3d.decode.lookup.lookup_chain`` in its worst case (no match: every n-gram length scanned to the
 start), the figure its docstring quotes.
 
     PYTHONPATH=. python docs/results/lookup/scan_cost.py > docs/results/lookup/scan_cost.txt
@@ -9,7 +9,7 @@ import random
 import statistics
 import time
 
-from d3d.lookup import lookup_chain
+from d3d.decode.lookup import lookup_chain
 
 random.seed(0)
 print(platform.processor() or platform.machine())

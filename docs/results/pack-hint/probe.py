@@ -1,4 +1,4 @@
-"""Does the 16-row oneDNN packing (d3d.cpu_linear.BATCH_HINT) slow the 1-row steps of ar in fp32?
+"""Does the 16-row oneDNN packing (d3d.cpu.linear.BATCH_HINT) slow the 1-row steps of ar in fp32?
 
 One model per packing, loaded in turn (fp32, the dtype policy's choice on an AVX2 CPU): after a
 176-token prefill, the median ms of a target pass of T = 1, 4, 8, 16 rows (cropped back each time),
@@ -13,9 +13,9 @@ import time
 import torch
 
 import d3d
-import d3d.cpu_linear as cl
-from d3d.corpus import training_corpus
-from d3d.tokenizer import load_tokenizer
+import d3d.cpu.linear as cl
+from d3d.data.corpus import training_corpus
+from d3d.model.tokenizer import load_tokenizer
 from d3d.train.chat_data import chat_prompts
 
 T = sys.argv[1]

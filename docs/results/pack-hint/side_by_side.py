@@ -14,9 +14,9 @@ import sys
 import time
 
 import d3d
-import d3d.cpu_linear as cl
-from d3d.corpus import training_corpus
-from d3d.tokenizer import load_tokenizer
+import d3d.cpu.linear as cl
+from d3d.data.corpus import training_corpus
+from d3d.model.tokenizer import load_tokenizer
 from d3d.train.chat_data import chat_prompts
 
 T = sys.argv[1]

@@ -11,9 +11,9 @@ import sys
 import time
 
 import d3d
-from d3d import cpu_linear
-from d3d.corpus import training_corpus
-from d3d.tokenizer import load_tokenizer
+from d3d.cpu import linear as cpu_linear
+from d3d.data.corpus import training_corpus
+from d3d.model.tokenizer import load_tokenizer
 from d3d.train.chat_data import chat_prompts
 
 T = sys.argv[1]

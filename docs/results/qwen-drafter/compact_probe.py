@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from bench.common import machine
-from d3d.checkpoint import load_model
+from d3d.model.checkpoint import load_model
 from d3d.files import write_json
-from d3d.tokenizer import Tokenizer
+from d3d.model.tokenizer import Tokenizer
 from d3d.train.bd3_compact import compact_layout, grouped_batch, kept_length, length_order
 from d3d.train.chat_data import make_chat_training_data
 from d3d.train.drafter import (DrafterTrainConfig, bd3_loss, build_drafter, labelling_model, noise_blocks,

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.corpus import find_corpus, read_texts
+from d3d.data.corpus import find_corpus, read_texts
 from d3d.files import write_json
 from d3d.train.chat_data import chat_prompts, function_snippets
 

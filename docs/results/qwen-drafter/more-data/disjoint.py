@@ -10,9 +10,9 @@ the 11,200 and the 16,800 requests) that defines a function of the same name or 
 import re
 import sys
 
-from d3d.corpus import find_corpus, read_texts
+from d3d.data.corpus import find_corpus, read_texts
 from d3d.files import write_json
-from d3d.prompts import humaneval_prompts, mtbench_prompts
+from d3d.data.prompts import humaneval_prompts, mtbench_prompts
 from d3d.train.chat_data import extra_train_snippets, function_snippets
 
 

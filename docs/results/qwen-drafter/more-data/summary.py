@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from d3d.corpus import find_corpus, read_texts
+from d3d.data.corpus import find_corpus, read_texts
 from d3d.files import write_json
 from d3d.train.chat_data import extra_train_snippets, function_snippets
 

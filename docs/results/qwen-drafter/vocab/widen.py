@@ -1,7 +1,7 @@
 """Widen a drafter's reduced drafting vocabulary without retraining (issue 16).
 
 The drafter's head is *frozen*: the target's LM-head rows for the K drafting ids
-(``d3d.drafter.draft_head``), so the trained weights never depend on which ids are scored, and more
+(``d3d.draft.drafter.draft_head``), so the trained weights never depend on which ids are scored, and more
 ids can be appended after training. The shipped 16,384 ids came from the first 5,600 answers of the
 store; they cover 97% of its supervised tokens now, and a token outside them can never be drafted.
 This keeps the shipped ids in their order and appends the store's most frequent answer ids it lacks.
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from d3d.drafter import DRAFT_VOCAB
-from d3d.train.answer_store import sealed_answers
+from d3d.draft.drafter import DRAFT_VOCAB
+from d3d.data.answers import sealed_answers
 
 
 def answer_counts(store: str) -> Counter:

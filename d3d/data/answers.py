@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..files import atomic, write_json
-from ..model import Transformer
+from ..model.transformer import Transformer
 
 FORMAT = 1
 

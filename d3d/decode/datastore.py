@@ -1,8 +1,8 @@
 """Drafting from a datastore: the target's own earlier text, indexed for lookup (REST, He et al. 2024).
 
-Copying from the context (``d3d.lookup``) drafts what this answer repeats. A datastore drafts what
+Copying from the context (``d3d.decode.lookup``) drafts what this answer repeats. A datastore drafts what
 the target tends to say: its greedy answers to many requests (an answer store,
-``d3d.train.answer_store``) hold its phrasing ("Here's the completed function:", "This function
+``d3d.data.answers``) hold its phrasing ("Here's the completed function:", "This function
 takes ...", "    return ") far more often than a 2-layer drafter predicts it. Where the context's
 last k tokens (the longest k in [``min_ngram``, ``max_ngram``] the store holds) occurred in the
 store, the draft is the continuation most of those occurrences share, token by token:
@@ -166,9 +166,9 @@ def sorted_starts(tokens: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def load_datastore(path: str | Path, target=None, **kw) -> Datastore:
-    """A datastore of the answers in an answer store directory (``d3d.train.answer_store``); with
+    """A datastore of the answers in an answer store directory (``d3d.data.answers``); with
     ``target``, refused unless the store's answers are that target's (its fingerprint)."""
-    from .train.answer_store import read_manifest, sealed_answers, target_fingerprint
+    from ..data.answers import read_manifest, sealed_answers, target_fingerprint
 
     path = Path(path)
     manifest = read_manifest(path)

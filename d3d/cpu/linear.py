@@ -27,7 +27,7 @@ EPYC, one pass over n new tokens after 200 cached ones, median ms, layouts inter
     panels    103    111    114    110    144    177
 
 The packed copy is a second copy of every matrix (the plain weight stays: training, saving, the
-embedding lookup and ``d3d.packed`` read it); ``Transformer.pack_for_cpu`` makes it at load time
+embedding lookup and ``d3d.decode.packed`` read it); ``Transformer.pack_for_cpu`` makes it at load time
 on CPU. A packed copy is used only without autograd and only while its weight is unchanged
 (``_version`` moves on every in-place update; a stale copy is rebuilt on its next use).
 """
@@ -41,7 +41,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .kernels import skinny
+from ..kernels import skinny
 
 BATCH_HINT = 16  # the layout oneDNN picks for 16 rows was row-count invariant; the one for 1 row was not (fp32)
 
@@ -144,7 +144,7 @@ def _one_row_copy(weight: torch.Tensor) -> PackedWeight:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` when it has one, or the
-    quantized kernel when ``weight`` is a ``d3d.quant`` matrix."""
+    quantized kernel when ``weight`` is a ``d3d.cpu.quant`` matrix."""
     if not isinstance(weight, torch.Tensor):
         return weight.linear(x, bias)
     p = None if torch.is_grad_enabled() else getattr(weight, ATTR, None)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import write_json
+from ..files import write_json
 
 # model_type -> (attention biases on q/k/v, per-head RMSNorm on q and k)
 ARCHITECTURES = {

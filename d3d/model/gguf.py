@@ -3,7 +3,7 @@
 Reads a llama.cpp GGUF file of a Qwen2/Qwen3 model with the ``gguf`` package (an optional extra:
 ``pip install -e ".[gguf]"``; loading the result needs none), renames every tensor through one
 explicit name map with a shape check, and writes ``config.json`` + ``model.safetensors`` that
-``d3d.load_model`` reads. Quantized blocks are kept, as the matrices of ``d3d.quant``, without
+``d3d.load_model`` reads. Quantized blocks are kept, as the matrices of ``d3d.cpu.quant``, without
 re-quantization error (each weight's fp32 value is the one ``gguf.dequantize`` gives):
 
     Q8_0         int8, one scale per 32
@@ -33,9 +33,9 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ModelConfig
-from .files import write_json
-from .kernels.quant import pack_bits, pack_nibbles
-from .quant import QuantWeight
+from ..files import write_json
+from ..kernels.quant import pack_bits, pack_nibbles
+from ..cpu.quant import QuantWeight
 
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -62,7 +62,7 @@ def hf_name(gguf_name: str) -> str:
     raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face counterpart in d3d's name map")
 
 
-# ---------------------------------------------------------------- blocks -> d3d.quant
+# ---------------------------------------------------------------- blocks -> d3d.cpu.quant
 
 def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
@@ -182,7 +182,7 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
         raise FileNotFoundError(f"{src}: no such file")
     # every dependency before any work: a conversion must not fail after writing gigabytes
     if tokenizer_dir is None:
-        from .assets import qwen3_tokenizer_dir
+        from ..assets import qwen3_tokenizer_dir
 
         tokenizer_dir = qwen3_tokenizer_dir()  # FileNotFoundError naming the package to install
     tokenizer_dir = Path(tokenizer_dir)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from .assets import package_dir
+from ..assets import package_dir
 from .corpus import find_corpus, read_texts
-from .tokenizer import Tokenizer
+from ..model.tokenizer import Tokenizer
 
 
 def humaneval_prompts(n: int | None = None) -> list[str]:

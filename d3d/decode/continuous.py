@@ -5,7 +5,7 @@ answers vary in length that wastes the batch: of the 13,112 answers in
 ``data/qwen2.5-coder-answers`` (160-token cap, batches of 64), the rows kept the batch 64% full
 on average. Here a cache row whose sequence ended is refilled with the next prompt at once: the
 new prompt's prefill rides in the same packed pass as the other rows' one-token steps (the packed
-layout allows any mix of per-row lengths; ``d3d.cache.make_layout``), so every pass carries
+layout allows any mix of per-row lengths; ``d3d.model.cache.make_layout``), so every pass carries
 ``slots`` sequences until the queue runs dry. The prompts' common prefix is computed once.
 
 Measured (``python -m bench answers``, ``docs/results/continuous/``: 256 chat requests, 160-token cap,
@@ -28,7 +28,7 @@ import torch
 
 from .engines import check_limits, normalize_prompts
 from .generation import Output
-from .model import Transformer
+from ..model.transformer import Transformer
 from .sampling import sample_next
 
 

@@ -16,10 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
-from .files import atomic, write_json
-from .model import Transformer
-from .precision import DTYPES, auto_weights, resolve_dtype
-from .quant import QuantWeight, is_quantized, join, quantize
+from ..files import atomic, write_json
+from .transformer import Transformer
+from ..cpu.precision import DTYPES, auto_weights, resolve_dtype
+from ..cpu.quant import QuantWeight, is_quantized, join, quantize
 
 
 def parse_dtype(dtype: str | torch.dtype | None, what: str = "dtype") -> torch.dtype | None:
@@ -197,7 +197,7 @@ class LazyTensors:
 SHARED_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
 
 
-QSCALE, QMIN, QHIGH = ".qscale", ".qmin", ".qhigh"  # a quantized matrix's scales, mins, high bits (``d3d.quant``)
+QSCALE, QMIN, QHIGH = ".qscale", ".qmin", ".qhigh"  # a quantized matrix's scales, mins, high bits (``d3d.cpu.quant``)
 INT8_SCALE = ".int8_scale"  # the per-row scale [N] of drafters saved before QSCALE existed (read only)
 
 
@@ -234,7 +234,7 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
     skip: our parameter names not stored in the files (a drafter's shared embedding/LM head).
     extra: further HF tensors (name -> shape) the files must hold (a DFlash projection).
     Quantized matrices (``name`` + ``.qscale``/``.qmin``, or a drafter's ``.int8_scale``) are
-    recognised by their tensors: with ``keep_quantized`` they come back as ``d3d.quant`` matrices
+    recognised by their tensors: with ``keep_quantized`` they come back as ``d3d.cpu.quant`` matrices
     (fused projections joined by ``quant.join``), else dequantized to fp32.
     Returns ``(state under our names with fused projections joined, extra tensors)``.
     """
@@ -279,9 +279,9 @@ def load_model(
 ) -> Transformer:
     """Load a Qwen3/Qwen2 checkpoint directory into a ``Transformer`` in eval mode.
 
-    dtype: ``"auto"`` (default): the dtype policy of ``d3d.precision`` — bf16 on a CPU with fast
+    dtype: ``"auto"`` (default): the dtype policy of ``d3d.cpu.precision`` — bf16 on a CPU with fast
         bf16 matmuls, fp32 on other CPUs, the checkpoint's dtype on a GPU.
-    weights: how the matrices are held (``d3d.precision.auto_weights``): ``"auto"`` (default) keeps a
+    weights: how the matrices are held (``d3d.cpu.precision.auto_weights``): ``"auto"`` (default) keeps a
         quantized checkpoint quantized and gives a dense one int8 where that is faster on this CPU;
         ``"fp32"``/``"bf16"`` dense (a quantized checkpoint is dequantized); ``"int8"``/``"int4"``
         quantize dense matrices (a quantized checkpoint keeps its own blocks). Quantized models
@@ -330,7 +330,7 @@ def save_model(model: Transformer, path: str | Path, dtype: str | torch.dtype | 
     ``exclude``: HF tensor names to leave out (a drafter's shared embedding, for instance).
     ``extra``: further tensors to store under their own names (floating ones cast to ``dtype``,
     integer ones kept as they are: a drafting vocabulary, a DFlash projection).
-    ``int8``: store every matrix as int8 + a per-row fp32 scale (``d3d.quant.quantize``); vectors
+    ``int8``: store every matrix as int8 + a per-row fp32 scale (``d3d.cpu.quant.quantize``); vectors
     keep ``dtype``. ``read_state`` recognises them.
     ``config_extra``: further top-level ``config.json`` entries (a drafter's own settings).
     Every file is written atomically (``d3d.files``).

@@ -5,19 +5,19 @@ A D3D round, for every active sequence:
     1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
                   outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)].
                   With ``lookup`` n, a row whose last n tokens occurred before copies what followed
-                  them instead (``d3d.lookup``; no drafter pass for it), or with a ``datastore`` what the
-                  target's earlier answers continued them with (``d3d.datastore``). With ``gate``, rows left for
+                  them instead (``d3d.decode.lookup``; no drafter pass for it), or with a ``datastore`` what the
+                  target's earlier answers continued them with (``d3d.decode.datastore``). With ``gate``, rows left for
                   the drafter get an empty draft instead while drafting measures slower than plain
-                  target steps (``d3d.gate``): step 2 is then one target step
+                  target steps (``d3d.decode.gate``): step 2 is then one target step
     2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
                   with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``).
                   With ``leaves`` L the pass also verifies the L likeliest bonuses the drafter proposed
-                  (``d3d.hypotheses.bonus_leaves``), each a one-token branch off the drafts: when the
+                  (``d3d.decode.hypotheses.bonus_leaves``), each a one-token branch off the drafts: when the
                   bonus after a accepted drafts is such a leaf, the leaf is accepted too and its
                   logits give the bonus after it (a + 2 tokens committed)
-    3 hypotheses  async only, beside 2 (``d3d.overlap``): one drafter pass that appends the drafts
+    3 hypotheses  async only, beside 2 (``d3d.decode.overlap``): one drafter pass that appends the drafts
                   to the drafter's cache and drafts a successor block for each of the K likeliest
-                  outcomes (``d3d.hypotheses``), every block branching off the drafts at its own a
+                  outcomes (``d3d.decode.hypotheses``), every block branching off the drafts at its own a
     4 commit      d_1..d_a + bonus; the caches roll back to the committed tokens; the hypothesis
                   matching (a, bonus), if any, is the next round's draft: no drafting on its
                   critical path
@@ -44,18 +44,18 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .datastore import Datastore
-from .drafter import Block
+from ..draft.drafter import Block
 from .gate import DRAFT, STEP, Gate
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
-from .kernels.accept import accept
+from ..kernels.accept import accept
 from .lookup import lookup_copy
-from .model import Transformer
+from ..model.transformer import Transformer
 from .overlap import Verification, closing, make_overlap
 from .row_price import RowPrice
 
 if TYPE_CHECKING:
-    from .drafter import Drafter, Drafts
+    from ..draft.drafter import Drafter, Drafts
 
 
 _LEAF_SEED = 1 << 31  # the leaves' bonus samples use streams apart from the round's acceptance
@@ -80,9 +80,9 @@ class RoundInfo:
     hypotheses: list[Hypothesis] = field(default_factory=list)  # async: the likeliest outcomes (drafted if draft_span)
     hit: int | None = None  # async: index of the hypothesis that matched the outcome
     leaf: int | None = None  # leaves: index of the verified leaf accepted as the last of ``accepted`` drafts
-    copied: bool = False  # lookup: this round's draft was copied from the context (d3d.lookup) or the datastore
-    stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.datastore)
-    step: bool = False  # gate: a plain target step (no drafts), where drafting did not pay (d3d.gate)
+    copied: bool = False  # lookup: this round's draft was copied from the context (d3d.decode.lookup) or the datastore
+    stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.decode.datastore)
+    step: bool = False  # gate: a plain target step (no drafts), where drafting did not pay (d3d.decode.gate)
     min_prob: float = 0.0  # the verify_min_prob this round's drafts were cut at (measured with "auto")
 
 
@@ -299,7 +299,7 @@ class Drafting:
 
     def copy(self, rows: list[int], min_ngram: int, datastore: Datastore | None = None) -> tuple[list[int], set[int]]:
         """Step 1 by lookup: each row whose last ``min_ngram``+ tokens occurred before (``min_ngram``
-        0: never) gets the chain that followed them as its draft (``d3d.lookup``'s estimates as its
+        0: never) gets the chain that followed them as its draft (``d3d.decode.lookup``'s estimates as its
         confidences, no leaves); a row
         without one gets the ``datastore``'s chain, if it has one (its estimates, and its runner-up
         tokens as leaves). The drafter is not asked. Returns the rows that still need the drafter,
@@ -387,31 +387,31 @@ def generate_speculative(
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
 
     ``hypotheses`` (K) / ``fanout`` (F): async drafts successor blocks for the K likeliest outcomes,
-    considering F bonus candidates per accept length (``d3d.hypotheses``). A drafter with
+    considering F bonus candidates per accept length (``d3d.decode.hypotheses``). A drafter with
     ``denoise_steps > 1`` drafts only the all-accepted hypothesis (its later steps re-run whole blocks).
     ``successor_threshold``: a row gets hypotheses only if the drafter's estimate of their total
     probability (the chance one of them hits) is at least this: where compute is saturated (a CPU)
     unlikely hits cost real time; on an idle GPU stream 0 is right.
-    ``overlap``: how the hypotheses pass runs beside verification (``d3d.overlap``).
+    ``overlap``: how the hypotheses pass runs beside verification (``d3d.decode.overlap``).
     ``exact``: verification attends one query row at a time, as AR steps do, so that greedy output
     equals AR bit for bit in low precision too (``KVCache.layout(row_invariant=)``).
     ``verify_min_prob``: verify only the leading drafts the drafter believes in jointly with at
     least this probability (the longest such run over the batch's rows; ``Draft.likely_length``):
     where a verified row costs real time (a CPU without AMX) a weak drafter's long tail of
     unlikely drafts is not worth its rows. 0 verifies every draft; ``"auto"`` measures the threshold as
-    it runs: tokens per second times the seconds a verified row adds (``d3d.row_price``), and cuts
+    it runs: tokens per second times the seconds a verified row adds (``d3d.decode.row_price``), and cuts
     leaves whose estimated hit probability is below it too. Lossless either way.
     ``leaves``: verify also the L likeliest bonuses the drafter proposed (module docstring); lossless,
     but not with ``exact`` (a leaf attends through a mask, not as a one-token step would).
     ``lookup``: n >= 1 drafts by copying from the context where its last n tokens occurred before
-    (``d3d.lookup``), the drafter elsewhere; 0 never. In a batch every row verifies as many drafts
+    (``d3d.decode.lookup``), the drafter elsewhere; 0 never. In a batch every row verifies as many drafts
     as the shortest row's draft has.
     ``gate``: sync only; where a drafting round commits fewer tokens per second than a plain target
     step, the rows that need the drafter take plain steps instead, trying drafting again every few
-    rounds (``d3d.gate``; measured, so the rounds depend on timing, the output does not). In a
+    rounds (``d3d.decode.gate``; measured, so the rounds depend on timing, the output does not). In a
     batch, a step round verifies no drafts in any row.
     ``datastore``: rows without a ready or copied draft look one up in the target's own earlier text
-    (``d3d.datastore``) before asking the drafter.
+    (``d3d.decode.datastore``) before asking the drafter.
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"

@@ -9,7 +9,7 @@ propose the tokens that followed it. Nothing is learned and nothing runs on the 
     n = 3     the last three tokens "add", "(a", ", b" occurred before: propose what followed them,
               "):", "  #", " Add", ... (up to B-1 tokens)
 
-The engines (``d3d.speculative``, ``lookup=n``) use a copied chain instead of the drafter's block
+The engines (``d3d.decode.speculative``, ``lookup=n``) use a copied chain instead of the drafter's block
 whenever the last n tokens (or more, up to ``max_ngram``; the longest match wins) occurred before,
 and the drafter otherwise. Verification keeps it lossless like any draft.
 

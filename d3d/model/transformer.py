@@ -1,7 +1,7 @@
 """The transformer shared by target and drafter: Qwen3 (and Qwen2) written for reading.
 
 One forward pass takes packed new tokens of N sequences, their cache rows and an attention
-layout (see ``d3d.cache.PassLayout`` and ``d3d.kernels.attention``), appends their K/V to the
+layout (see ``d3d.model.cache.PassLayout`` and ``d3d.kernels.attention``), appends their K/V to the
 cache and returns logits. Called on a ``[batch, seq]`` LongTensor with no cache it is a plain
 causal forward returning ``[batch, seq, vocab]``.
 
@@ -9,7 +9,7 @@ Shapes: T = packed new tokens, d = hidden, H/Hkv = query/KV heads, D = head_dim.
 
 Two projections are fused for speed (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``):
 on a CPU with a small model every matmul call costs ~10 us of overhead whatever its size, and
-fusing cuts 7 matmuls per layer to 4. The checkpoint name map in ``d3d.checkpoint`` splits and
+fusing cuts 7 matmuls per layer to 4. The checkpoint name map in ``d3d.model.checkpoint`` splits and
 joins them, so files keep the Hugging Face names.
 """
 
@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_linear
+from ..cpu import linear as cpu_linear
 from .cache import KVCache, PassLayout
 from .config import ModelConfig
-from .kernels import use_triton
-from .kernels.attention import attend_torch, packed_attention
-from .quant import is_quantized
+from ..kernels import use_triton
+from ..kernels.attention import attend_torch, packed_attention
+from ..cpu.quant import is_quantized
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -96,14 +96,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, dty
 
 class Linear(nn.Linear):
     """``nn.Linear`` whose inference matmul goes through the weight's prepacked copy, if it has
-    one (``d3d.cpu_linear``; ``Transformer.pack_for_cpu`` makes them)."""
+    one (``d3d.cpu.linear``; ``Transformer.pack_for_cpu`` makes them)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_linear.linear(x, self.weight, self.bias)
 
 
 def quant_linear(weight) -> Linear:
-    """A ``Linear`` without bias holding a quantized matrix (``d3d.quant``)."""
+    """A ``Linear`` without bias holding a quantized matrix (``d3d.cpu.quant``)."""
     with torch.device("meta"):
         layer = Linear(weight.shape[1], weight.shape[0], bias=False)
     del layer._parameters["weight"]
@@ -112,7 +112,7 @@ def quant_linear(weight) -> Linear:
 
 
 class QuantEmbedding(nn.Module):
-    """The token embedding as a quantized matrix (``d3d.quant``): a lookup dequantizes only the rows it reads."""
+    """The token embedding as a quantized matrix (``d3d.cpu.quant``): a lookup dequantizes only the rows it reads."""
 
     def __init__(self, weight):
         super().__init__()
@@ -220,11 +220,11 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' dtype (fp32 when the matrices are quantized: ``d3d.quant``)."""
+        """The activations' dtype (fp32 when the matrices are quantized: ``d3d.cpu.quant``)."""
         return self.norm.weight.dtype
 
     def quantized_matrices(self) -> list:
-        """The matrices held quantized (``d3d.quant``)."""
+        """The matrices held quantized (``d3d.cpu.quant``)."""
         return [m.weight for m in self.modules() if is_quantized(getattr(m, "weight", None))]
 
     @property
@@ -233,7 +233,7 @@ class Transformer(nn.Module):
 
     @property
     def int8_activations(self) -> bool:
-        """Whether some matrix multiplies int8-quantized activations (``d3d.quant.int8_activations``)."""
+        """Whether some matrix multiplies int8-quantized activations (``d3d.cpu.quant.int8_activations``)."""
         return any(getattr(w, "int8_activations", False) for w in self.quantized_matrices())
 
     @property
@@ -261,7 +261,7 @@ class Transformer(nn.Module):
         return torch.float32 if self.device.type == "cpu" else self.dtype
 
     def pack_for_cpu(self) -> "Transformer":
-        """Prepack every matrix for CPU inference (``d3d.cpu_linear``: 1.3-5x faster skinny
+        """Prepack every matrix for CPU inference (``d3d.cpu.linear``: 1.3-5x faster skinny
         matmuls, a second copy of the weights); a no-op off CPU or without oneDNN."""
         for module in self.modules():
             if isinstance(module, nn.Linear) and isinstance(module.weight, torch.Tensor):
@@ -271,9 +271,9 @@ class Transformer(nn.Module):
         return self
 
     def quantize_(self, fmt: str) -> "Transformer":
-        """Quantize every dense matrix in place (``d3d.quant.quantize``: int8 or int4; the embedding
+        """Quantize every dense matrix in place (``d3d.cpu.quant.quantize``: int8 or int4; the embedding
         and LM head too); the rest of the model moves to fp32 (quantized models compute in fp32)."""
-        from .quant import quantize
+        from ..cpu.quant import quantize
 
         for name, p in list(self.named_parameters()):
             if p.dim() == 2:
@@ -281,7 +281,7 @@ class Transformer(nn.Module):
         return self.float().pack_for_cpu()
 
     def set_weight(self, name: str, weight) -> None:
-        """Put a quantized matrix (``d3d.quant``) where the parameter ``name`` (ours, e.g.
+        """Put a quantized matrix (``d3d.cpu.quant``) where the parameter ``name`` (ours, e.g.
         ``layers.0.mlp.down_proj.weight`` or ``embed_tokens.weight``) is."""
         if name == "embed_tokens.weight":
             self.embed_tokens = QuantEmbedding(weight)

@@ -19,7 +19,7 @@ hardware has it. The decision:
    hypervisor can advertise what the library build does not use); a probe alone on an
    AVX2 machine wastes nothing but is noisy, so both must agree.
 
-Norms, softmax, RoPE and acceptance run in fp32 whatever the policy picks (``d3d.model``,
+Norms, softmax, RoPE and acceptance run in fp32 whatever the policy picks (``d3d.model.transformer``,
 ``d3d.kernels``): only weights, activations and the KV cache are bf16.
 """
 
@@ -167,9 +167,9 @@ def llc_bytes() -> int:
 
 def probe_weights_ms(dtype: torch.dtype, llc: int, rows: tuple[int, ...] = (1, 8), repeats: int = 3) -> dict:
     """Median ms to stream matrices totalling twice the last-level cache, dense (``dtype``, packed as
-    ``d3d.cpu_linear`` does) vs int8 (``d3d.quant``), summed over 1- and 8-row products (decoding
+    ``d3d.cpu.linear`` does) vs int8 (``d3d.cpu.quant``), summed over 1- and 8-row products (decoding
     steps and verification passes)."""
-    from . import cpu_linear
+    from . import linear as cpu_linear
     from .quant import quantize
 
     n, k = PROBE_SHAPE
@@ -214,7 +214,7 @@ def decide_weights(dense_bytes: int, llc: int, kernel: str | None, probe) -> Wei
 
 @functools.lru_cache(maxsize=None)
 def _cpu_weights(dense_bytes: int, dtype_name: str) -> WeightsChoice:
-    from .kernels import quant as kernel
+    from ..kernels import quant as kernel
 
     llc = llc_bytes()
     kernel_why = None if kernel.available() else kernel.why_unavailable()
@@ -274,7 +274,7 @@ def auto_weights(weights: str, dtype, device: torch.device | str, cfg, checkpoin
 def _why_no_quant(device: torch.device) -> str | None:
     if device.type != "cpu":
         return f"run on a CPU only, not {device.type}"
-    from .kernels import quant as kernel
+    from ..kernels import quant as kernel
 
     return None if kernel.available() else f"need the CPU kernel ({kernel.why_unavailable()})"
 

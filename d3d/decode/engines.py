@@ -4,10 +4,10 @@
             speculative engine must reproduce exactly at temperature 0).
 ``sync``    draft B-1 tokens with the D3D drafter, verify them with one target forward.
 ``async``   D3D: beside verification the drafter drafts successor blocks for the likeliest
-            verification outcomes (``d3d.speculative``, ``d3d.hypotheses``, ``d3d.overlap``).
+            verification outcomes (``d3d.decode.speculative``, ``d3d.decode.hypotheses``, ``d3d.decode.overlap``).
 ``dflash``  the DFlash baseline (its drafter reads the target's hidden states).
 
-All engines share prefill, output buffers, stop handling and statistics (``d3d.generation``).
+All engines share prefill, output buffers, stop handling and statistics (``d3d.decode.generation``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
-from .model import Transformer
+from ..model.transformer import Transformer
 from .overlap import (OVERLAPS, async_defaults, default_gate, default_leaves, default_lookup, default_overlap,
                       default_verify_min_prob)
 from .sampling import check_sampling_args, sample_next
@@ -25,7 +25,7 @@ from .speculative import RoundInfo, generate_dflash, generate_speculative
 
 if TYPE_CHECKING:
     from .datastore import Datastore
-    from .drafter import Drafter
+    from ..draft.drafter import Drafter
 
 
 def normalize_prompts(prompt_ids, vocab_size: int, what: str = "prompt_ids") -> list[list[int]]:
@@ -127,35 +127,35 @@ def generate(
 
     prompt_ids: list of ints, list of lists (a batch, lengths may differ), or a 1-D/2-D tensor.
     mode: ``"ar"`` (default), ``"sync"`` or ``"async"`` (both need a D3D ``drafter``), or
-        ``"dflash"`` (needs a ``d3d.dflash.DFlashDrafter``).
+        ``"dflash"`` (needs a ``d3d.draft.dflash.DFlashDrafter``).
     stop_ids: tokens that end a sequence (default: the model config's eos ids). The stop token is
         the last token of the output.
     stream: called as ``stream(sequence_index, new_token_ids)`` whenever tokens are committed.
     top_k/top_p apply to ``ar`` only (speculative modes sample from the full distribution at T).
-    overlap / hypotheses / fanout / successor_threshold: how async drafts successors (``d3d.overlap``,
-        ``d3d.hypotheses``, ``generate_speculative``); None = the measured default of the device
-        (``d3d.overlap.async_defaults``).
+    overlap / hypotheses / fanout / successor_threshold: how async drafts successors (``d3d.decode.overlap``,
+        ``d3d.decode.hypotheses``, ``generate_speculative``); None = the measured default of the device
+        (``d3d.decode.overlap.async_defaults``).
     exact: speculative modes on CPU verify with row-invariant attention: greedy output then equals
         ``ar`` token for token in bf16 too, at about +30-50% verification cost (``generate_speculative``).
-        None (default): on where the target multiplies int8-quantized activations (``d3d.quant``), whose
+        None (default): on where the target multiplies int8-quantized activations (``d3d.cpu.quant``), whose
         rounding turns attention's last-bit differences between a 1-row and a T-row pass into visible
         ones; off elsewhere.
     verify_min_prob: sync/async verify only the leading drafts the drafter believes in jointly with
         at least this probability (0: all; ``generate_speculative``), or ``"auto"``: tokens per second
-        times the seconds a verified row adds, measured as it runs (``d3d.row_price``); None = the
-        device's measured default (``d3d.overlap.default_verify_min_prob``: "auto" on a CPU, 0 on CUDA).
+        times the seconds a verified row adds, measured as it runs (``d3d.decode.row_price``); None = the
+        device's measured default (``d3d.decode.overlap.default_verify_min_prob``: "auto" on a CPU, 0 on CUDA).
     leaves: sync/async also verify the L likeliest bonuses the drafter proposed, one target row each
-        (``d3d.speculative``): a round whose bonus is one of them commits one more token. None = the
-        device's measured default (``d3d.overlap.default_leaves``: 2 for sync, 0 for async and for sync
+        (``d3d.decode.speculative``): a round whose bonus is one of them commits one more token. None = the
+        device's measured default (``d3d.decode.overlap.default_leaves``: 2 for sync, 0 for async and for sync
         on a CPU in fp32 through oneDNN, where a row costs time), or 0 with exact (which refuses leaves).
     lookup: sync/async draft by copying from the context where its last ``lookup`` tokens occurred
-        before (prompt lookup, ``d3d.lookup``), with the drafter elsewhere; 0 never. None = the
-        measured default (``d3d.overlap.default_lookup``: 3 for sync, 0 for async).
+        before (prompt lookup, ``d3d.decode.lookup``), with the drafter elsewhere; 0 never. None = the
+        measured default (``d3d.decode.overlap.default_lookup``: 3 for sync, 0 for async).
     gate: sync takes plain target steps instead of drafting rounds while those commit more tokens
-        per second (measured as it runs, ``d3d.gate``); the output is the same. None = the device's
-        default (``d3d.overlap.default_gate``: off, chosen on validation requests).
+        per second (measured as it runs, ``d3d.decode.gate``); the output is the same. None = the device's
+        default (``d3d.decode.overlap.default_gate``: off, chosen on validation requests).
     datastore: sync/async rows without a copied draft look one up in the target's own earlier text
-        (a ``d3d.datastore.Datastore``, e.g. ``d3d.load_datastore(answer_store_dir, target)``) before
+        (a ``d3d.decode.datastore.Datastore``, e.g. ``d3d.load_datastore(answer_store_dir, target)``) before
         asking the drafter; None: never.
     Returns ``GenerationOutput(tokens=[[...] per prompt], stats=GenerationStats)``.
     """
@@ -168,7 +168,7 @@ def generate(
         from .datastore import Datastore
 
         if not isinstance(datastore, Datastore):
-            raise ValueError(f"datastore: expected a d3d.datastore.Datastore (d3d.load_datastore), got "
+            raise ValueError(f"datastore: expected a d3d.decode.datastore.Datastore (d3d.load_datastore), got "
                              f"{type(datastore).__name__}")
         if mode not in ("sync", "async"):
             raise ValueError(f"datastore with mode={mode!r}: datastore drafts are for the D3D modes, sync and async")
@@ -176,8 +176,8 @@ def generate(
         check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
         return generate_ar(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stops, stream)
     if drafter is None:
-        raise ValueError(f"mode={mode!r} needs a drafter (see d3d.load_drafter / d3d.dflash.load_dflash)")
-    from .dflash import DFlashDrafter
+        raise ValueError(f"mode={mode!r} needs a drafter (see d3d.load_drafter / d3d.draft.dflash.load_dflash)")
+    from ..draft.dflash import DFlashDrafter
 
     if (mode == "dflash") != isinstance(drafter, DFlashDrafter):
         raise ValueError(f"mode={mode!r} needs a {'DFlash' if mode == 'dflash' else 'D3D'} drafter, got "
@@ -211,7 +211,7 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
                  quantized: bool = False, exact_why: str | None = None, **given) -> dict:
     """The keyword arguments of ``generate_speculative`` for a D3D ``mode``: each one ``given`` as
     None takes the measured default of the device and the target's ``dtype`` and weights
-    (``d3d.overlap``); every value is checked, by name. ``exact_why``: what turned ``exact`` on,
+    (``d3d.decode.overlap``); every value is checked, by name. ``exact_why``: what turned ``exact`` on,
     where the caller did not ask for it (for the error that refuses leaves then)."""
     chosen = async_defaults(device)
     defaults = {"overlap": chosen.overlap, "hypotheses": chosen.hypotheses, "fanout": chosen.fanout,
@@ -235,7 +235,7 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
             raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
     if exact and s["leaves"]:
         what = (f"exact=True with leaves={s['leaves']}" if exact_why is None else
-                f"leaves={s['leaves']} with {exact_why} (its speculative modes verify with exact=True; d3d/quant.py)")
+                f"leaves={s['leaves']} with {exact_why} (its speculative modes verify with exact=True; d3d/cpu/quant.py)")
         raise ValueError(f"{what}: a leaf attends through a mask, not as a one-token step does, so its output could "
                          "part from ar in low precision; use leaves=0"
                          + ("" if exact_why is None else ", or D3D_QUANT_ACTIVATIONS=fp32"))

@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-from .cache import KVCache
-from .checkpoint import SHARED_EMBEDDINGS, parse_dtype, read_state, save_model
-from .config import ModelConfig
-from .kernels.denoise import denoise_step
-from .model import Transformer, quant_linear
-from .quant import is_quantized, quantize
-from .precision import resolve_dtype
+from ..model.cache import KVCache
+from ..model.checkpoint import SHARED_EMBEDDINGS, parse_dtype, read_state, save_model
+from ..model.config import ModelConfig
+from ..kernels.denoise import denoise_step
+from ..model.transformer import Transformer, quant_linear
+from ..cpu.quant import is_quantized, quantize
+from ..cpu.precision import resolve_dtype
 
 RULES = ("threshold", "topk", "all")
 
@@ -113,7 +113,7 @@ class Drafter:
     def start(self, cache: KVCache, rows: list[int], clean: list[list[int]], blocks: list[list[Block]],
               size: int) -> "DraftJob":
         """Inputs of one drafting pass; run them with ``job.forward()`` (or in a packed pass beside
-        the target, ``d3d.packed``), then call ``finish``.
+        the target, ``d3d.decode.packed``), then call ``finish``.
 
         Row ``rows[i]`` appends ``clean[i]`` as a causal run (kept in the cache), followed by the
         blocks ``blocks[i]``, each of ``size`` tokens: ``Block(seen, lead)`` starts right after the
@@ -371,7 +371,7 @@ def draft_head(target: Transformer, vocab_map: torch.Tensor) -> torch.nn.Linear:
 
 def save_drafter(drafter: Drafter, path: str | Path, dtype=None, int8: bool = False) -> None:
     """Write a drafter directory; shared embeddings are left out of the file. ``int8``: matrices
-    as int8 + per-row scale (``d3d.checkpoint.quantize_int8``), dequantized on load."""
+    as int8 + per-row scale (``d3d.model.checkpoint.quantize_int8``), dequantized on load."""
     path = Path(path)
     save_model(drafter.model, path, dtype=dtype,
                exclude=("model.embed_tokens.weight", "lm_head.weight") if drafter.dcfg.shared_embeddings else (),

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import cpu_linear
-from .cache import KVCache, make_layout
-from .checkpoint import SHARED_EMBEDDINGS, read_state, save_model
-from .config import ModelConfig
-from .kernels import use_triton
-from .kernels.attention import attend_torch, packed_attention
-from .model import RMSNorm, Transformer, apply_rope
+from ..cpu import linear as cpu_linear
+from ..model.cache import KVCache, make_layout
+from ..model.checkpoint import SHARED_EMBEDDINGS, read_state, save_model
+from ..model.config import ModelConfig
+from ..kernels import use_triton
+from ..kernels.attention import attend_torch, packed_attention
+from ..model.transformer import RMSNorm, Transformer, apply_rope
 
 
 def target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import ModelConfig
-from .kernels.attention import SeqPlan, torch_plan
+from ..kernels.attention import SeqPlan, torch_plan
 
 # Up to this many sequences a pass writes its new K/V with one slice copy per sequence; beyond it
 # one index_put per tensor is fewer calls. Profile of a 1-token bundled-target pass: copy_ ~0.4 us
@@ -184,7 +184,7 @@ class KVCache:
 
     def append_slot(self, row: int, slot: int) -> None:
         """Append the K/V stored at ``slot`` (written by the last pass beyond the row's length: a
-        verified leaf, ``d3d.speculative``) to ``row``: one position copied per layer."""
+        verified leaf, ``d3d.decode.speculative``) to ``row``: one position copied per layer."""
         n = self.lengths[row]
         if not n <= slot < self.max_len:
             raise ValueError(f"append_slot(row={row}, slot={slot}): slot must be in [{n}, {self.max_len})")
@@ -195,7 +195,7 @@ class KVCache:
 
     def share_prefix(self, src: int, dst: int, length: int) -> None:
         """Make ``row dst`` hold the first ``length`` positions of ``row src`` (a prompt prefix
-        computed once and given to many sequences, ``d3d.continuous``): K/V copied, nothing recomputed."""
+        computed once and given to many sequences, ``d3d.decode.continuous``): K/V copied, nothing recomputed."""
         if src == dst or not 0 <= length <= self.lengths[src]:
             raise ValueError(f"share_prefix(src={src}, dst={dst}, length={length}): needs two rows and "
                              f"length in [0, {self.lengths[src]}]")

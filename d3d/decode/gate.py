@@ -1,7 +1,7 @@
 """Speculate only while it pays: the choice between a drafting round and a plain target step.
 
 A sync round that asks the drafter costs a drafter pass plus a verification of 1 + n + L tokens,
-and commits 1 + a tokens (a accepted drafts, ``d3d.speculative``). A plain target step (an empty
+and commits 1 + a tokens (a accepted drafts, ``d3d.decode.speculative``). A plain target step (an empty
 draft: the verification of the anchor alone) costs one target step and commits 1 token. So drafting
 pays iff
 
@@ -20,7 +20,7 @@ to code the context repeats) is seen. The output is the same either way (a step 
 with no drafts), only the rounds differ; they depend on timing, so a run's rounds are not
 reproducible, its tokens are.
 
-Off by default (``d3d.overlap.default_gate``): on validation requests, where drafting paid on
+Off by default (``d3d.decode.overlap.default_gate``): on validation requests, where drafting paid on
 average even in fp32 (1.73x code, 1.18x explanations), the gate's steps cost 3-5% of the speed.
 Acceptance comes in bursts the last few rounds do not announce: a switch to steps after rounds that
 accepted nothing skips the next burst until a probe finds it.

@@ -1,7 +1,7 @@
 """How async D3D runs the hypotheses pass beside verification: four small strategies, one method.
 
 ``run(verify, hypotheses)`` runs the target's verification pass and the drafter's hypotheses pass
-(``d3d.drafter.DraftJob``, or None when no row has hypotheses this round) and returns both logits
+(``d3d.draft.drafter.DraftJob``, or None when no row has hypotheses this round) and returns both logits
 and their time spans. The strategies differ only in how the two passes share the machine:
 
     none     one after the other in this thread (CPU default: measured fastest on 2 cores)
@@ -9,7 +9,7 @@ and their time spans. The strategies differ only in how the two passes share the
              of torch's intra-op threads
     stream   the hypotheses pass on a second CUDA stream (CUDA default): the host enqueues both
              passes before it reads anything back, so the GPU runs them concurrently
-    packed   one joint pass of both models (``d3d.packed``): shared per-op overhead, stacked weights
+    packed   one joint pass of both models (``d3d.decode.packed``): shared per-op overhead, stacked weights
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .cache import KVCache, PassLayout
+from ..model.cache import KVCache, PassLayout
 from .generation import Clock
-from .kernels import skinny
-from .model import Transformer
+from ..kernels import skinny
+from ..model.transformer import Transformer
 
 if TYPE_CHECKING:
-    from .drafter import Drafter, DraftJob
+    from ..draft.drafter import Drafter, DraftJob
 
 OVERLAPS = ("none", "thread", "stream", "packed")
 Span = tuple[float, float]
@@ -138,7 +138,7 @@ class Streamed(Serial):
 
 
 class Packed(Serial):
-    """``packed``: both passes as one (``d3d.packed.PackedPair``); needs the drafter to have the
+    """``packed``: both passes as one (``d3d.decode.packed.PackedPair``); needs the drafter to have the
     target's layer shapes and joint caches (``new_caches``)."""
 
     name = "packed"
@@ -227,7 +227,7 @@ def default_verify_min_prob(device: torch.device) -> float | str:
     this probability (``generate_speculative``), chosen on validation requests.
 
     CPU "auto": the threshold is measured as the generation runs, tokens per second times the seconds
-    one more verified row adds (``d3d.row_price``). Qwen2.5-Coder-0.5B with the shipped drafter (2
+    one more verified row adds (``d3d.decode.row_price``). Qwen2.5-Coder-0.5B with the shipped drafter (2
     leaves, lookup 3), fp32 on a 2-core AVX2-only AMD EPYC, 8 validation chat requests x 128 tokens per
     set, two runs (docs/results/copy-length/validation*_*.json), speed over ar, fixed 0.05 -> auto: code
     1.71x -> 1.69x and 1.74x -> 1.74x, explanations 1.11x -> 1.16x and 1.16x -> 1.26x (fixed 0.2 in the
@@ -243,7 +243,7 @@ def default_verify_min_prob(device: torch.device) -> float | str:
 
 def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = None, quantized: bool = False) -> int:
     """``leaves`` of a device and mode: the bonus candidates verified beside the drafts
-    (``d3d.speculative``), chosen on validation prompts.
+    (``d3d.decode.speculative``), chosen on validation prompts.
 
     async: 0. Its hypotheses pre-draft successors for the same likeliest outcomes, and a leaf hit
     makes them unusable (the successor of (a, b) guesses the token after b, where the leaf hit has
@@ -265,7 +265,7 @@ def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = 
     1.59x -> 1.69x, explanations 0.94x -> 1.03x and 1.11x -> 1.14x in two runs. On the panels a 6-row
     pass costs about what a 1-row one does, and leaves won on the same requests (one run,
     docs/results/panels/ab.txt), 0 -> 2 leaves: code 1.98x -> 2.10x, explanations 1.27x -> 1.40x.
-    Quantized weights (``d3d.quant``, fp32 activations, whatever the matmul of dense fp32): 2. The
+    Quantized weights (``d3d.cpu.quant``, fp32 activations, whatever the matmul of dense fp32): 2. The
     real model as convert-gguf keeps it, 8 validation requests per set, one run (AMD Zen 5, 2 cores,
     docs/results/quant/validation_defaults.json), 0 -> 2 leaves: code 1.31x -> 1.36x, explanations
     1.00x -> 1.03x over ar (the gate: 1.31x and 1.03x; it stays off)."""
@@ -278,7 +278,7 @@ def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = 
 
 def default_lookup(device: torch.device, mode: str) -> int:
     """``lookup`` of a device and mode: draft by copying from the context after a match of this many
-    tokens (``d3d.lookup``), chosen on validation prompts.
+    tokens (``d3d.decode.lookup``), chosen on validation prompts.
 
     sync: 3. Qwen2.5-Coder-0.5B with the shipped drafter (P = 0.05, 2 leaves), bf16, 8 validation chat
     requests x 96 tokens, two runs (docs/results/lookup/validation_choice*.json; AMD EPYC Zen 5, 2 cores,

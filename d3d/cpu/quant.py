@@ -10,7 +10,7 @@ output row share a scale s, and for int4 a min m):
 
 These hold llama.cpp's blocks without re-quantization error: Q8_0 is int8 with G = 32, Q5_0 int5
 with G = 32 (both with fp16 scales, their own), Q6_K int8 with G = 16 (s = d * sc, exact in fp32),
-Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.gguf`` keeps. From a
+Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.model.gguf`` keeps. From a
 dense checkpoint, ``quantize`` makes int8 with one scale per row, or int4 with G = ``INT4_GROUP``.
 
 Products go through ``d3d.kernels.quant``: with fp32 activations (AVX2 / AVX-512, bit for bit the
@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from .kernels import quant as kernel
+from ..kernels import quant as kernel
 from .precision import cpu_flags
 
 FORMATS = ("int8", "int4")  # what ``quantize`` makes from dense weights (int5 comes from GGUF Q5_0 only)
@@ -154,7 +154,7 @@ def int8_activations(k: int, group: int) -> bool:
     int8 where the CPU has AVX-512 VNNI and VBMI. Chosen on the real model (AMD Zen 5, 2 cores,
     docs/results/quant/): a decoding step 20.9 -> 17.4 ms (passes.json and its first version);
     validation requests, the defaults (which then verify with ``exact`` attention,
-    ``d3d.engines.generate``): code 61.0 -> 74.7 tok/s, explanations 43.0 -> 53.6. Its accuracy cost: docs/results/quant/quality_qwen25.json."""
+    ``d3d.decode.engines.generate``): code 61.0 -> 74.7 tok/s, explanations 43.0 -> 53.6. Its accuracy cost: docs/results/quant/quality_qwen25.json."""
     choice = os.environ.get("D3D_QUANT_ACTIVATIONS", "auto")
     if choice not in ACTIVATIONS:
         raise ValueError(f"D3D_QUANT_ACTIVATIONS={choice!r}: expected one of {', '.join(ACTIVATIONS)}")
@@ -183,7 +183,7 @@ def widen(parts: tuple) -> tuple:
 
 def join(parts: list[tuple], what: str = "weight") -> QuantWeight | Stacked:
     """Row blocks, each row-major ``(q, scale, min, high)`` as ``QuantWeight`` takes them, -> one
-    matrix (``d3d.checkpoint`` fuses q/k/v and gate/up): one QuantWeight when every block has the
+    matrix (``d3d.model.checkpoint`` fuses q/k/v and gate/up): one QuantWeight when every block has the
     same format, with groups refined to the smallest (exact: a group's scale applies to each of its
     halves), else a ``Stacked`` of one QuantWeight per block."""
     if not int5_kept():

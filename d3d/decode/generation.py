@@ -9,8 +9,8 @@ from typing import Callable
 
 import torch
 
-from .cache import KVCache
-from .model import Transformer
+from ..model.cache import KVCache
+from ..model.transformer import Transformer
 from .sampling import sample_next
 
 StreamFn = Callable[[int, list[int]], None]  # (sequence index, newly committed token ids)
@@ -31,11 +31,11 @@ class GenerationStats:
     rounds: int = 0  # verification rounds, summed over sequences
     accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = rounds that accepted a drafts
     verified_drafts: int = 0  # drafts the target verified, summed over rounds and sequences
-    verified_leaves: int = 0  # leaves: bonus candidates verified beside the drafts (d3d.speculative)
+    verified_leaves: int = 0  # leaves: bonus candidates verified beside the drafts (d3d.decode.speculative)
     leaf_hits: int = 0  # leaves: rounds whose bonus was a verified leaf (one more token committed)
-    lookup_drafts: int = 0  # lookup: drafts copied from the context instead of drafted (d3d.lookup)
-    datastore_drafts: int = 0  # datastore: drafts looked up in the target's earlier text (d3d.datastore)
-    steps: int = 0  # gate: rounds (x sequences) that were plain target steps, drafting not paying (d3d.gate)
+    lookup_drafts: int = 0  # lookup: drafts copied from the context instead of drafted (d3d.decode.lookup)
+    datastore_drafts: int = 0  # datastore: drafts looked up in the target's earlier text (d3d.decode.datastore)
+    steps: int = 0  # gate: rounds (x sequences) that were plain target steps, drafting not paying (d3d.decode.gate)
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
     hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .cache import KVCache, PassLayout
-from .kernels.attention import packed_attention
-from .model import Transformer, apply_rope
+from ..model.cache import KVCache, PassLayout
+from ..kernels.attention import packed_attention
+from ..model.transformer import Transformer, apply_rope
 
 _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                  "attention_bias", "qk_norm", "rms_norm_eps")

@@ -10,8 +10,8 @@ import copy
 
 from torch import nn
 
-from .drafter import Drafter
-from .model import Transformer
+from ..draft.drafter import Drafter
+from ..model.transformer import Transformer
 
 
 def drop_layers(drafter: Drafter, drop: list[int]) -> Drafter:

@@ -1,0 +1,1 @@
+"""Decoding: the engines behind ``generate``, the speculative round, draft sources, pricing and acceptance."""

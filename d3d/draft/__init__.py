@@ -1,0 +1,1 @@
+"""Drafters: the D3D block-diffusion drafter (tokens only) and the DFlash baseline (target hidden states)."""
