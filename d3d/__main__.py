@@ -10,11 +10,15 @@ from pathlib import Path
 
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
 from .files import write_json
+from .model.tokenizer import StreamPrinter
 
 DESCRIPTION = """d3d: diffusion-drafted speculative decoding (D3D) with a from-scratch Qwen3/Qwen2.
 
 commands:
+  demo          the bundled pair's speculative answer next to plain decoding: tok/s, τ, identical or not
   generate      generate text (default: bundled target + D3D drafter; sync on a CPU, async on CUDA)
+  doctor        this machine, what is installed, and what each mode uses here (start bug reports with it)
+  build-kernels build the C++ CPU kernels now (otherwise on first use, ~35 s each)
   init          write a randomly initialised checkpoint (for trying the pipeline without weights)
   train-target  train a BPE tokenizer and pretrain a small Qwen3 on Python source
   train-drafter train a D3D block-diffusion drafter on the target's own continuations
@@ -22,22 +26,6 @@ commands:
   prune         drop drafter layers (by index, or a greedy search by measured τ)
   convert-gguf  a Qwen2/Qwen3 GGUF into a Hugging Face-layout directory (its quantized blocks kept)
 """
-
-
-class StreamPrinter:
-    """Prints generated text as it arrives; holds back an incomplete UTF-8 character."""
-
-    def __init__(self, tok, out=None):
-        self.tok, self.out, self.ids, self.shown = tok, out or sys.stdout, [], 0
-
-    def __call__(self, seq: int, new: list[int]) -> None:
-        self.ids.extend(new)
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        self.out.write(text[self.shown:])
-        self.out.flush()
-        self.shown = len(text)
 
 
 def positive_int(s: str) -> int:
@@ -104,63 +92,17 @@ class Explainer:
         print("\n".join(lines), file=self.out, flush=True)
 
 
-def drafter_kind(path: Path) -> str:
-    """'d3d' or 'dflash', from the drafter directory's config.json (named in every error)."""
-    config = path / "config.json"
-    try:
-        raw = json.loads(config.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"--drafter {path}: no config.json there (expected a drafter directory)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{config}: cannot read it as JSON ({e})") from None
-    kinds = [k for k in ("d3d", "dflash") if isinstance(raw, dict) and isinstance(raw.get(k), dict)]
-    if len(kinds) != 1:
-        raise ValueError(f"{config}: not a drafter config (needs a 'd3d' or a 'dflash' section)")
-    return kinds[0]
-
-
-def choose_drafter(args, model):
-    """(mode, drafter, note for the summary line) for ``generate``.
-
-    An explicit --drafter decides the drafter, its kind the default mode (D3D: ``default_mode`` of
-    the device — sync on a CPU, async on CUDA; DFlash: dflash); an explicit --mode must fit it. Without --drafter the bundled D3D drafter is used
-    when it fits the model; otherwise the default is autoregressive, and the note says why.
-    """
-    import d3d
-    from d3d.draft.dflash import load_dflash
-    from d3d.decode.overlap import default_mode
-
-    if args.mode == "ar":
-        return "ar", None, ""
-    if args.drafter:
-        path = Path(args.drafter)
-        kind = drafter_kind(path)
-        mode = args.mode or ("dflash" if kind == "dflash" else default_mode(model.device))
-        if (mode == "dflash") != (kind == "dflash"):
-            raise ValueError(f"--mode {mode} needs a {'DFlash' if mode == 'dflash' else 'D3D'} drafter; "
-                             f"{path / 'config.json'} is a {'DFlash' if kind == 'dflash' else 'D3D'} drafter")
-        return mode, (load_dflash(path, model) if kind == "dflash" else d3d.load_drafter(path, target=model)), ""
-    if args.mode == "dflash":
-        raise ValueError(f"--mode dflash needs --drafter DIR (a DFlash drafter, e.g. models/{BUNDLED_DFLASH})")
-    try:
-        drafter = d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=model)
-    except (FileNotFoundError, ValueError) as e:
-        if args.mode:  # sync/async asked for explicitly: say what is missing
-            raise ValueError(f"--mode {args.mode} needs a drafter for this model; the bundled "
-                             f"{BUNDLED_DRAFTER} does not fit it ({e}); pass --drafter DIR") from None
-        return "ar", None, "autoregressive: the bundled drafter does not fit this model; pass --drafter DIR"
-    return args.mode or default_mode(model.device), drafter, ""
-
-
 def cmd_generate(args) -> int:
     import d3d
+    from d3d.cpu.linear import matmul_path
+    from d3d.draft.pick import pick_drafter
 
     model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"--model {model_dir}: not a directory (expected a HF checkpoint directory)")
     tok = d3d.load_tokenizer(args.tokenizer or model_dir)
     model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device, weights=args.weights)
-    mode, drafter, note = choose_drafter(args, model)
+    mode, drafter, note = pick_drafter(model, args.mode, args.drafter)
     if not args.prompt:
         raise SystemExit("error: --prompt is empty")
     if args.chat:
@@ -187,13 +129,14 @@ def cmd_generate(args) -> int:
         print(json.dumps({"text": tok.decode(tokens, skip_special_tokens=True), "token_ids": tokens,
                           "num_prompt_tokens": len(ids), "mode": mode, "note": note,
                           "dtype": str(model.dtype).removeprefix("torch."), "weights": model.weights,
+                          "matmul": matmul_path(model),
                           "stats": s.to_dict()}))
         return 0
     if args.explain:
         print("\n" + tok.decode(tokens, skip_special_tokens=True))
     print(file=sys.stdout)
     summary = f"[{s.mode}] {s.total_generated} tokens, {s.tokens_per_second:.1f} tok/s " \
-              f"({model.weights})"
+              f"({model.weights}, {matmul_path(model)})"
     if s.mode != "ar":
         summary += f", τ {s.tau:.2f}, {s.rounds} rounds (B={s.block_size})"
         if s.mode == "async":
@@ -380,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="command")
 
-    for add in (add_generate_parser, add_init_parser, add_train_target_parser, add_train_drafter_parser,
+    for add in (add_demo_parser, add_generate_parser, add_doctor_parser, add_init_parser, add_train_target_parser, add_train_drafter_parser,
                 add_train_dflash_parser, add_convert_gguf_parser, add_prune_parser):
         add(sub)
     return p
@@ -396,7 +339,7 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--mode", choices=["ar", "sync", "async", "dflash"], default=None,
                    help="ar: one target forward per token; sync: draft then verify; async: D3D, successor "
                         "blocks for the likeliest outcomes are drafted while the current block is verified; "
-                        "dflash: the DFlash baseline (needs --drafter with a DFlash drafter). Default with a D3D "
+                        "dflash: the DFlash baseline (the bundled DFlash drafter when it fits, or --drafter). Default with a D3D "
                         "drafter (the bundled one when it fits the model): async on CUDA, sync on a CPU (measured "
                         "faster there: the hypotheses compete with verification for the same cores); dflash "
                         "with a DFlash --drafter; ar when no drafter fits")
@@ -473,6 +416,44 @@ def add_weights_argument(p) -> None:
                         "groups of 32 with a scale and a min (changes the model more); dense (in --dtype), fp32, "
                         "bf16: dense (dequantizing a quantized checkpoint). D3D_WEIGHTS overrides auto "
                         "(d3d/cpu/precision.py)")
+
+
+def add_demo_parser(sub) -> None:
+    d = sub.add_parser("demo", help="a speculative answer next to plain decoding, measured in one run",
+                       description="Load a target and the drafter that fits it (default: the bundled pair), decode "
+                                   "the prompt with ar, stream the speculative mode's answer, and print one line: "
+                                   "tok/s of each, τ, the ratio, and whether the outputs are identical token for "
+                                   "token (exit status 1 if not).")
+    d.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
+    d.add_argument("--drafter", help="drafter directory (default: the bundled drafter that fits the model)")
+    d.add_argument("--mode", choices=["sync", "async", "dflash"], default=None,
+                   help="the speculative mode (default: the device's, sync on a CPU)")
+    d.add_argument("--prompt", default=None, help="the prompt (default: a code prefix, or a request with --chat)")
+    d.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat format")
+    d.add_argument("--max-new-tokens", type=positive_int, default=128)
+    add_weights_argument(d)
+    d.set_defaults(fn=lambda a: __import__("d3d.demo", fromlist=["run_demo"]).run_demo(
+        a.model, a.drafter, a.mode, a.prompt, a.chat, a.max_new_tokens, a.weights))
+
+
+def add_doctor_parser(sub) -> None:
+    d = sub.add_parser("doctor", help="this machine, what is installed, and what each mode uses here",
+                       description="One screen: CPU, flags, cores, memory and a bandwidth probe, the dtype policy, "
+                                   "the C++ kernels' build state (building them if needed), Triton and CUDA, assets "
+                                   "and optional extras, and the settings each generate mode would use.")
+    d.set_defaults(fn=lambda a: __import__("d3d.doctor", fromlist=["main"]).main())
+    b = sub.add_parser("build-kernels", help="build the C++ CPU kernels now (otherwise on first use)",
+                       description="Build (or load from the cache) every C++ kernel this CPU can run, one line each, "
+                                   "saying which slower path d3d takes where one cannot be built. Exit status 1 if "
+                                   "a build failed.")
+    b.set_defaults(fn=cmd_build_kernels)
+
+
+def cmd_build_kernels(args) -> int:
+    from d3d.doctor import build_kernels
+
+    print("d3d: the C++ CPU kernels (built once, ~35 s each on 2 cores; cached by torch)", flush=True)
+    return 0 if build_kernels(lambda line: print(line, flush=True)) else 1
 
 
 def add_init_parser(sub) -> None:

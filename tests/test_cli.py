@@ -29,7 +29,7 @@ def test_generate_json_ar(capsys):
                             "--json"], capsys)
     assert code == 0
     obj = json.loads(out)
-    assert set(obj) >= {"text", "token_ids", "num_prompt_tokens", "stats"}
+    assert set(obj) >= {"text", "token_ids", "num_prompt_tokens", "stats", "weights", "matmul"}
     assert 1 <= len(obj["token_ids"]) <= 8 and obj["stats"]["tokens_per_second"] > 0
 
 
@@ -128,9 +128,12 @@ def test_foreign_model_falls_back_to_ar_and_says_so(capsys, tmp_path):
     assert run_cli(["init", str(tmp_path / "m"), "--preset", "qwen3-tiny"], capsys)[0] == 0
     code, _, err = run_cli(["generate", "--model", str(tmp_path / "m"), "--prompt", "x = 1",
                             "--max-new-tokens", "4"], capsys)
-    assert code == 0 and "[ar]" in err and "bundled drafter does not fit" in err
+    assert code == 0 and "[ar]" in err and "no bundled drafter fits" in err
     code, _, err = run_cli(["generate", "--model", str(tmp_path / "m"), "--prompt", "x = 1", "--mode", "sync"], capsys)
-    assert code != 0 and "--mode sync needs a drafter" in err and "--drafter DIR" in err
+    assert code != 0 and "--mode sync needs a D3D drafter" in err and "--drafter DIR" in err
+    assert f"models/{BUNDLED_DRAFTER} does not fit" in err
+    code, _, err = run_cli(["generate", "--model", str(tmp_path / "m"), "--prompt", "x = 1", "--mode", "dflash"], capsys)
+    assert code != 0 and f"models/{BUNDLED_DFLASH} does not fit" in err and "--drafter DIR" in err
 
 
 def test_dflash_from_the_cli(capsys):
@@ -144,8 +147,10 @@ def test_dflash_from_the_cli(capsys):
     assert obj["token_ids"] == ar["token_ids"]  # lossless (fp32 in the tests)
     code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "sync", "--drafter", dflash], capsys)
     assert code != 0 and "DFlash drafter" in err
-    code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "dflash"], capsys)
-    assert code != 0 and "needs --drafter" in err
+    # on the bundled target, --mode dflash takes the bundled DFlash drafter with no other flag
+    code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "24", "--mode", "dflash",
+                            "--json"], capsys)
+    assert code == 0 and json.loads(out)["mode"] == "dflash" and json.loads(out)["token_ids"] == ar["token_ids"]
 
 
 def _broken_copies(root):
@@ -237,3 +242,55 @@ def test_every_training_setting_is_a_flag():
     cfg = config_from_args(DrafterTrainConfig, args)
     assert cfg.mix == (0.5, 0.5, 0.0) and cfg.stop_after == 7 and cfg.init_from_target is False
     assert parser.parse_args(["train-dflash", "--target", "t", "--out", "o", "--resume"]).resume
+
+
+@pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")
+def test_demo_compares_with_ar_in_one_line(capsys):
+    code, out, err = run_cli(["demo", "--max-new-tokens", "24"], capsys)
+    last = out.strip().splitlines()[-1]
+    assert code == 0 and re.match(r"sync: \d+ tokens at [\d.]+ tok/s, τ [\d.]+ \| ar: \d+ tokens at [\d.]+ tok/s \| "
+                                  r"[\d.]+x ar, identical to ar: yes$", last), last
+    assert "loading the target" in err and "decoding with sync" in err
+    code, out, _ = run_cli(["demo", "--max-new-tokens", "16", "--mode", "dflash"], capsys)
+    assert code == 0 and out.strip().splitlines()[-1].startswith("dflash: ")
+
+
+def test_demo_refuses_a_model_without_a_drafter(capsys, tmp_path):
+    assert run_cli(["init", str(tmp_path / "m"), "--preset", "qwen3-tiny"], capsys)[0] == 0
+    code, _, err = run_cli(["demo", "--model", str(tmp_path / "m")], capsys)
+    assert code != 0 and "needs a D3D drafter for this model" in err and "--drafter DIR" in err
+
+
+def test_doctor_and_build_kernels(capsys):
+    code, out, _ = run_cli(["doctor"], capsys)
+    assert code == 0
+    for needed in ("machine", "flags", "GB/s", "policy    dtype auto ->", "skinny_gemm.cpp", "models/target-16m",
+                   "ninja", "  sync    drafter", "  dflash  drafter"):
+        assert needed in out, needed
+    code, out, _ = run_cli(["build-kernels"], capsys)
+    lines = out.strip().splitlines()
+    assert code in (0, 1) and len(lines) == 4 and all(".cpp" in line for line in lines[1:])
+
+
+def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_path):
+    """A load that takes longer than NOTICE_AFTER_S is a compile: one line when it starts, one when it ends."""
+    import time
+
+    import torch.utils.cpp_extension as ext
+
+    from d3d.kernels import cpp
+
+    monkeypatch.setattr(cpp, "NOTICE_AFTER_S", 0.05)
+    monkeypatch.setattr(ext, "load", lambda **kw: time.sleep(0.3) or "module")
+    monkeypatch.setattr(cpp, "cpu_flags", lambda: {"avx2", "fma"})
+    source = tmp_path / "k.cpp"
+    source.write_text("")
+    assert cpp.build("d3d_test_slow", source, []) == ("module", None)
+    err = capsys.readouterr().err
+    assert "building the CPU matmul kernel k.cpp once" in err and "built k.cpp in" in err
+    monkeypatch.setattr(ext, "load", lambda **kw: "module")  # a cached load: nothing said
+    assert cpp.build("d3d_test_fast", source, []) == ("module", None)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(ext, "load", lambda **kw: (_ for _ in ()).throw(RuntimeError("Ninja is required")))
+    module, why = cpp.build("d3d_test_fail", source, [])
+    assert module is None and "building k.cpp failed" in why and "Ninja is required" in why

@@ -159,3 +159,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 __all__ = ["available", "packs", "pack", "linear", "one_row_layout", "PackedWeight", "PanelWeight"]
+
+
+def matmul_path(model) -> str:
+    """Which code multiplies ``model``'s matrices here, in a few words (the summary line and
+    ``generate --json`` name it, so a default that depends on a kernel build is never silent)."""
+    if model.device.type != "cpu":
+        return f"torch on {model.device.type}"
+    if model.quantized:
+        return "int8 activations, VNNI (quant_vnni.cpp)" if model.int8_activations else \
+            "quantized panels, fp32 activations (quant_gemm.cpp)"
+    if model.dtype == torch.float32 and skinny.wanted():
+        return "fp32 panels (skinny_gemm.cpp)"
+    return f"oneDNN {str(model.dtype).removeprefix('torch.')}" if available() else "torch"

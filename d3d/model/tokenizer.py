@@ -15,6 +15,7 @@ prompt, exactly as the official template does.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -142,3 +143,19 @@ class Tokenizer:
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     return Tokenizer.load(path)
+
+
+class StreamPrinter:
+    """Prints generated text as it arrives; holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tok, out=None):
+        self.tok, self.out, self.ids, self.shown = tok, out or sys.stdout, [], 0
+
+    def __call__(self, seq: int, new: list[int]) -> None:
+        self.ids.extend(new)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        self.out.write(text[self.shown:])
+        self.out.flush()
+        self.shown = len(text)

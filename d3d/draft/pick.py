@@ -1,0 +1,73 @@
+"""Which drafter a target gets: the directory asked for, or the first bundled drafter that fits.
+
+``generate``, ``demo`` and the server share this, so every mode runs on the bundled pair with no
+flag, and a missing or mismatched drafter is named with what would fit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, models_dir
+from ..decode.overlap import default_mode
+
+BUNDLED = {"d3d": (BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER), "dflash": (BUNDLED_DFLASH,)}
+
+
+def drafter_kind(path: Path) -> str:
+    """'d3d' or 'dflash', from the drafter directory's config.json (named in every error)."""
+    config = path / "config.json"
+    try:
+        raw = json.loads(config.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--drafter {path}: no config.json there (expected a drafter directory)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config}: cannot read it as JSON ({e})") from None
+    kinds = [k for k in ("d3d", "dflash") if isinstance(raw, dict) and isinstance(raw.get(k), dict)]
+    if len(kinds) != 1:
+        raise ValueError(f"{config}: not a drafter config (needs a 'd3d' or a 'dflash' section)")
+    return kinds[0]
+
+
+def load_any(path: Path, kind: str, model):
+    from .dflash import load_dflash
+    from .drafter import load_drafter
+
+    return load_dflash(path, model) if kind == "dflash" else load_drafter(path, target=model)
+
+
+def pick_drafter(model, mode: str | None, drafter: str | Path | None = None):
+    """``(mode, drafter or None, note)``. An explicit ``drafter`` directory decides the drafter and its
+    kind the default mode (D3D: ``default_mode`` of the device, sync on a CPU and async on CUDA;
+    DFlash: dflash); an explicit ``mode`` must fit it. Without one, the first bundled drafter of the
+    mode's kind that fits ``model`` is used; where none fits, the default is ar and ``note`` says why,
+    and an explicit speculative ``mode`` is an error that names what is missing."""
+    if mode == "ar":
+        return "ar", None, ""
+    if drafter:
+        path = Path(drafter)
+        kind = drafter_kind(path)
+        mode = mode or ("dflash" if kind == "dflash" else default_mode(model.device))
+        if (mode == "dflash") != (kind == "dflash"):
+            raise ValueError(f"--mode {mode} needs a {'DFlash' if mode == 'dflash' else 'D3D'} drafter; "
+                             f"{path / 'config.json'} is a {'DFlash' if kind == 'dflash' else 'D3D'} drafter")
+        return mode, load_any(path, kind, model), ""
+    kind = "dflash" if mode == "dflash" else "d3d"
+    why = []
+    for name in BUNDLED[kind]:
+        path = models_dir() / name
+        if not (path / "config.json").is_file():
+            why.append(f"models/{name} is not there")
+            continue
+        try:
+            loaded = load_any(path, kind, model)
+        except ValueError as e:
+            why.append(f"models/{name} does not fit it ({str(e).split(': ', 1)[-1]})")
+            continue
+        note = "" if name in (BUNDLED_DRAFTER, BUNDLED_DFLASH) else f"drafter: the bundled models/{name}"
+        return mode or default_mode(model.device), loaded, note
+    if mode:  # a speculative mode asked for explicitly: say what is missing
+        raise ValueError(f"--mode {mode} needs a {'DFlash' if kind == 'dflash' else 'D3D'} drafter for this model: "
+                         + "; ".join(why) + "; pass --drafter DIR")
+    return "ar", None, "autoregressive: no bundled drafter fits this model; pass --drafter DIR"
