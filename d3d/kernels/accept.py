@@ -1,4 +1,4 @@
-"""Batched acceptance for speculative decoding (DESIGN.md §2, §6).
+"""Batched acceptance for speculative decoding (docs/design.md §2, §6).
 
 For ``N`` sequences, a verification round gives the draft ``d_1 .. d_{B-1}`` (``draft[:, j]`` is
 ``d_{j+1}``) and the target's logits at the ``B`` positions ``[anchor, d_1, .., d_{B-1}]``:

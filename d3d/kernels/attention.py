@@ -1,4 +1,4 @@
-"""Block-causal packed attention (DESIGN.md §4).
+"""Block-causal packed attention (docs/design.md §4).
 
 One call attends the new tokens of N sequences, packed along one token axis, to each sequence's
 cached keys followed by its own new keys:
@@ -112,7 +112,7 @@ def cu_seqlens_from_lengths(lengths, *, device=None) -> torch.Tensor:
 
 
 def bd3_training_mask(L: int, block_size: int, *, device=None) -> torch.Tensor:
-    """The BD3-LM training mask (DESIGN.md §4): bool [2L, 2L], True = query (row) sees key (col).
+    """The BD3-LM training mask (docs/design.md §4): bool [2L, 2L], True = query (row) sees key (col).
 
     The input is ``x_t ⊕ x_0`` (noised half, then clean half). With ``blk(i) = (i mod L) //
     block_size``, query i sees key j iff

@@ -1,4 +1,4 @@
-"""Fused denoising step for block-diffusion drafting (DESIGN.md §5).
+"""Fused denoising step for block-diffusion drafting (docs/design.md §5).
 
 A draft block is ``B`` positions, some of them still masked. One denoising step reads the
 drafter's logits for every position of every block and, for each block:

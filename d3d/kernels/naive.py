@@ -17,7 +17,7 @@ __all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_
 def packed_attention_reference(
     q, k, v, k_cache, v_cache, cu_seqlens, cache_lens, group_ids, cache_rows=None, scale=None, reach=None
 ) -> torch.Tensor:
-    """Packed block-causal attention (DESIGN.md §4), per sequence with an explicit mask, in float64.
+    """Packed block-causal attention (docs/design.md §4), per sequence with an explicit mask, in float64.
 
     Same arguments as ``d3d.kernels.attention.packed_attention``; returns float64 [T, H, D].
     For query i of sequence n the visible keys are every cached key of its cache row and the

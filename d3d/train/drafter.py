@@ -51,7 +51,7 @@ BLOCK_KINDS = ("all-mask", "anchored", "partial")
 def training_mask(L: int, block_size: int, clean: str = "causal", device=None) -> torch.Tensor:
     """Bool ``[2L, 2L]`` mask over ``x_t ⊕ x_0`` (True = may attend).
 
-    ``clean="block"`` is BD3-LM's mask exactly (DESIGN.md §4): clean tokens see their own block
+    ``clean="block"`` is BD3-LM's mask exactly (docs/design.md §4): clean tokens see their own block
     bidirectionally. ``clean="causal"`` (the default here) makes the clean half token-causal,
     because at inference the drafter caches committed tokens one by one, causally; noisy blocks
     see every clean token of earlier blocks and their own block, in both variants.

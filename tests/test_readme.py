@@ -1,0 +1,28 @@
+"""The README stays true: its results tables are what `python -m bench readme` makes from committed JSON,
+and a newcomer finds what d3d is, the two commands and the test command on the first screen."""
+
+from pathlib import Path
+
+from bench.readme import MARK, render
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_results_tables_come_from_committed_json():
+    assert {m.group(2) for m in MARK.finditer(README)} == {"bundled", "real"}
+    assert render(README) == README, "README tables are stale: run `python -m bench readme --write README.md`"
+
+
+def test_first_screen_has_the_two_commands_and_the_test_command():
+    first = README.splitlines()[:40]
+    assert any(line.startswith("make demo") for line in first) and any(line.startswith("make test") for line in first)
+    assert any("python -m pytest -q" in line for line in README.splitlines()[:60])
+    assert len(README.splitlines()) <= 230
+
+
+def test_docs_the_readme_links_exist():
+    import re
+
+    for target in re.findall(r"\]\(((?:docs|models)/[^)#]+)", README):
+        assert (ROOT / target).exists(), target
