@@ -168,8 +168,7 @@ def random_model(name: str, device: str = "cpu"):
 def mode_flags(mode: str, flags: str) -> dict:
     """``d3d.generate`` arguments of a mode's ``+flag`` suffixes (``flags`` = "+exact+leaves4"):
     +exact (row-invariant verification), +leavesL (L bonus leaves), +lookupN (copy drafts after an
-    N-token match in the context, ``d3d.decode.lookup``), +gate / +nogate (plain target steps while drafting
-    rounds measure slower, ``d3d.decode.gate``; off by default), +storeN (drafts looked up in the datastore,
+    N-token match in the context, ``d3d.decode.lookup``), +storeN (drafts looked up in the datastore,
     ``d3d.decode.datastore``, where N% of the occurrences agree on the first: ``datastore_min_confidence``,
     which the caller turns into a ``datastore``)."""
     kw = {}
@@ -180,11 +179,8 @@ def mode_flags(mode: str, flags: str) -> dict:
             kw["leaves"] = int(flag.removeprefix("leaves"))
         elif re.fullmatch(r"lookup\d+", flag):
             kw["lookup"] = int(flag.removeprefix("lookup"))
-        elif flag in ("gate", "nogate"):
-            kw["gate"] = flag == "gate"
         elif re.fullmatch(r"store\d*", flag):
             kw["datastore_min_confidence"] = int(flag.removeprefix("store") or 0) / 100
         else:
-            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN, +gate, +nogate, "
-                             "+store[N])")
+            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN, +store[N])")
     return kw

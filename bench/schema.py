@@ -11,7 +11,7 @@ speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s,
     draft_seconds, hidden_draft_seconds, verify_seconds, and since issue 15 critical_draft_seconds,
     hypotheses_per_round, and since issue 16 verified_drafts_per_round, leaves_per_round and leaf_hit_rate
     (rounds whose bonus was a verified leaf, ``+leavesL``) and lookup_rate (rounds whose draft was copied,
-    ``+lookupN``), step_rate and tau_speculating (``+gate``) and datastore_rate (rounds whose draft came
+    ``+lookupN``) and datastore_rate (rounds whose draft came
     from the datastore, ``+storeN``); async modes also hit_rate_by_accept,
     hypothesis_pass_rate}; plus ``missing_sets`` {set: reason},
     ``target``, ``drafter``, ``target_parameters``, ``drafter_parameters``.

@@ -17,12 +17,10 @@ probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.decode
 verified_drafts_per_round); +exact verifies with row-invariant attention (bf16 output equal to ar bit
 for bit); +leavesL verifies also the L likeliest bonuses the drafter proposed (``leaves``; the JSON's
 leaf_hit_rate, leaves_per_round); +lookupN copies the draft from the context after an N-token match
-(``lookup``; the JSON's lookup_rate); +gate / +nogate: plain target steps while drafting rounds measure
-slower (``gate``, ``d3d.decode.gate``; the JSON's step_rate, and tau_speculating, τ over the rounds that
-verified drafts); +storeN drafts from the target's own earlier answers (``--datastore``,
+(``lookup``; the JSON's lookup_rate); +storeN drafts from the target's own earlier answers (``--datastore``,
 ``d3d.decode.datastore``) where N% of the occurrences agree on the first draft (+store: any share; the JSON's
 datastore_rate).
-Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~auto``, ``sync~0.02+leaves4``, ``sync+lookup0+nogate``, ``sync+store50``.
+Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~auto``, ``sync~0.02+leaves4``, ``sync+lookup0``, ``sync+store50``.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
@@ -66,7 +64,7 @@ def run_mode(target, drafter, prompt, mode: str, args):
     m = MODE.match(mode)
     if m is None:
         raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]"
-                         "[+lookupN][+gate|+nogate][+store[N]]")
+                         "[+lookupN][+store[N]]")
     name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
     layout = contextlib.nullcontext()
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
@@ -101,7 +99,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
     acc = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "hist": None, "hits": 0, "fallbacks": 0, "draft_s": 0.0,
                "hidden_draft_s": 0.0, "exposed_draft_s": 0.0, "verify_s": 0.0, "verified": 0, "per_prompt_tok_s": [],
                "identical": 0, "hits_by_accept": None, "hypotheses": 0, "passes": 0, "leaves": 0, "leaf_hits": 0,
-               "lookup": 0, "steps": 0, "datastore": 0} for m in args.modes}
+               "lookup": 0, "datastore": 0} for m in args.modes}
     # fp32 and +exact modes must reproduce ar token for token; other low-precision modes may part
     # at near-ties of the target's logits (bench agreement measures them), so they are counted
     must_match = target.dtype == torch.float32
@@ -127,7 +125,6 @@ def bench_set(target, drafter, prompts, args) -> dict:
             a["leaves"] += s.verified_leaves
             a["leaf_hits"] += s.leaf_hits
             a["lookup"] += s.lookup_drafts
-            a["steps"] += s.steps
             a["datastore"] += s.datastore_drafts
             for key, hist in (("hist", s.accept_hist), ("hits_by_accept", s.hits_by_accept)):
                 if hist:
@@ -152,10 +149,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
                      hypothesis_pass_rate=a["passes"] / a["rounds"],
                      verified_drafts_per_round=a["verified"] / a["rounds"],
                      leaves_per_round=a["leaves"] / a["rounds"], leaf_hit_rate=a["leaf_hits"] / a["rounds"],
-                     lookup_rate=a["lookup"] / a["rounds"], step_rate=a["steps"] / a["rounds"],
-                     datastore_rate=a["datastore"] / a["rounds"],
-                     tau_speculating=(sum((k + 1) * c for k, c in enumerate(a["hist"])) - a["steps"])
-                     / max(a["rounds"] - a["steps"], 1))
+                     lookup_rate=a["lookup"] / a["rounds"], datastore_rate=a["datastore"] / a["rounds"])
             if a["hits_by_accept"]:
                 r["hit_rate_by_accept"] = [h / c if c else None for h, c in zip(a["hits_by_accept"], a["hist"])]
         res[m] = r
@@ -233,11 +227,10 @@ def results_table(results: dict) -> str:
                          f"{r['hit_rate']:.0%}" if m.startswith("async") else "-",
                          f"{r['hypotheses_per_round']:.1f}" if m.startswith("async") else "-",
                          f"{r['leaf_hit_rate']:.0%}" if r.get("leaves_per_round") else "-",
-                         f"{r['step_rate']:.0%}" if r.get("step_rate") else "-",
                          f"{r['critical_draft_seconds']:.2f} / {r['hidden_draft_seconds']:.2f} / "
                          f"{r['verify_seconds']:.2f}" if "tau" in r else "-"])
     return markdown_table(["set", "mode", "τ", "tok/s", "vs fastest ar", "async hit rate", "hypotheses/round",
-                           "leaf hit rate", "gate steps", "draft on critical path / hypotheses passes / verify s"], rows)
+                           "leaf hit rate", "draft on critical path / hypotheses passes / verify s"], rows)
 
 
 def main(argv=None) -> dict:

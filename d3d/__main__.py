@@ -67,7 +67,6 @@ class Explainer:
         source = ("ready: a hypothesis of the previous round hit" if info.successor_used else
                   "looked up in the datastore" if info.stored else
                   "copied from the context" if info.copied else
-                  "a plain target step: drafting measured slower (--gate)" if info.step else
                   f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""
@@ -121,7 +120,7 @@ def cmd_generate(args) -> int:
                        on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
                        successor_threshold=args.successor_threshold, exact=args.exact or None,
                        hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
-                       leaves=args.leaves, lookup=args.lookup, gate=args.gate,
+                       leaves=args.leaves, lookup=args.lookup,
                        datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None)
     tokens = out.tokens[0]
     s = out.stats
@@ -374,11 +373,6 @@ def add_generate_parser(sub) -> None:
                    help="sync/async: when the last N tokens occurred earlier in the prompt or output, draft by "
                         "copying what followed them (prompt lookup; lossless) instead of asking the drafter; "
                         "0 = never (default: the measured choice, d3d/decode/overlap.py)")
-    g.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
-                   help="sync: take plain target steps instead of drafting rounds while those measure slower in "
-                        "tokens per second, trying drafting again every 8th round (lossless). Off by default: on "
-                        "validation requests it cost 3-5%% where drafting paid on average; it helps where drafting "
-                        "loses throughout, e.g. prose on a CPU without bf16 (docs/results/gate/)")
     g.add_argument("--datastore", default=None, metavar="DIR",
                    help="sync/async: where no copy from the context applies, draft what the target's own earlier "
                         "answers continued the last few tokens with (an answer store of this model, e.g. "

@@ -138,7 +138,7 @@ def modes() -> list[str]:
     for mode in ("sync", "async"):
         exact = target.int8_activations
         s = d3d_settings(target.device, mode, exact, target.dtype, quantized=target.quantized)
-        used = {"sync": ("lookup", "leaves", "verify_min_prob", "gate"),
+        used = {"sync": ("lookup", "leaves", "verify_min_prob"),
                 "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup")}[mode]
         lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + ", ".join(f"{k} {s[k]}" for k in used)
                      + f", exact {'on' if exact else 'off'}")

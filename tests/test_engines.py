@@ -23,16 +23,13 @@ V = 48
 def generate(*args, **kw):
     """These tests exercise the full D3D async path: a successor every round unless a test says
     otherwise (the library's CPU default skips unlikely successors, tested separately), and every
-    draft from the drafter (copied drafts, sync's default, are tested in test_lookup.py), and every
-    sync round a drafting round (the gate's plain steps, sync's CPU default: test_gate.py), and
+    draft from the drafter (copied drafts, sync's default, are tested in test_lookup.py), and
     drafts cut at a fixed joint probability of 0.05 (the CPU default "auto" measures it as it runs,
     so its rounds depend on timing: test_row_price.py)."""
     if kw.get("mode", "ar") != "ar":
         kw.setdefault("successor_threshold", 0.0)
         kw.setdefault("lookup", 0)
         kw.setdefault("verify_min_prob", 0.05)
-        if kw.get("mode") == "sync":
-            kw.setdefault("gate", False)  # its rounds depend on timing (tested in test_gate.py)
     return _generate(*args, **kw)
 
 

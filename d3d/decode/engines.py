@@ -18,7 +18,7 @@ import torch
 
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from ..model.transformer import Transformer
-from .overlap import (OVERLAPS, async_defaults, default_gate, default_leaves, default_lookup, default_overlap,
+from .overlap import (OVERLAPS, async_defaults, default_leaves, default_lookup, default_overlap,
                       default_verify_min_prob)
 from .sampling import check_sampling_args, sample_next
 from .speculative import RoundInfo, generate_dflash, generate_speculative
@@ -120,7 +120,6 @@ def generate(
     verify_min_prob: float | str | None = None,
     leaves: int | None = None,
     lookup: int | None = None,
-    gate: bool | None = None,
     datastore: "Datastore | None" = None,
 ) -> GenerationOutput:
     """Generate continuations of one prompt or a batch of prompts.
@@ -151,9 +150,6 @@ def generate(
     lookup: sync/async draft by copying from the context where its last ``lookup`` tokens occurred
         before (prompt lookup, ``d3d.decode.lookup``), with the drafter elsewhere; 0 never. None = the
         measured default (``d3d.decode.overlap.default_lookup``: 3 for sync, 0 for async).
-    gate: sync takes plain target steps instead of drafting rounds while those commit more tokens
-        per second (measured as it runs, ``d3d.decode.gate``); the output is the same. None = the device's
-        default (``d3d.decode.overlap.default_gate``: off, chosen on validation requests).
     datastore: sync/async rows without a copied draft look one up in the target's own earlier text
         (a ``d3d.decode.datastore.Datastore``, e.g. ``d3d.load_datastore(answer_store_dir, target)``) before
         asking the drafter; None: never.
@@ -202,7 +198,7 @@ def generate(
     settings = d3d_settings(model.device, mode, exact, model.dtype, quantized=model.quantized,
                             exact_why=None if exact_given else "a target with int8 activations", overlap=overlap,
                             hypotheses=hypotheses, fanout=fanout, successor_threshold=successor_threshold,
-                            verify_min_prob=verify_min_prob, leaves=leaves, lookup=lookup, gate=gate)
+                            verify_min_prob=verify_min_prob, leaves=leaves, lookup=lookup)
     return generate_speculative(model, drafter, prompts, max_new_tokens, mode, B, temperature, seed, stops, stream,
                                 on_round, exact=exact, datastore=datastore, **settings)
 
@@ -217,15 +213,10 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
     defaults = {"overlap": chosen.overlap, "hypotheses": chosen.hypotheses, "fanout": chosen.fanout,
                 "successor_threshold": chosen.threshold, "verify_min_prob": default_verify_min_prob(device),
                 "leaves": 0 if exact else default_leaves(device, mode, dtype, quantized),
-                "lookup": default_lookup(device, mode),
-                "gate": default_gate(device, mode)}
+                "lookup": default_lookup(device, mode)}
     s = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
     if s["overlap"] not in OVERLAPS:
         raise ValueError(f"overlap={s['overlap']!r}: expected one of {OVERLAPS}")
-    if not isinstance(s["gate"], bool):
-        raise ValueError(f"gate={s['gate']!r}: must be True or False")
-    if s["gate"] and mode != "sync":
-        raise ValueError(f"gate=True with mode={mode!r}: the gate chooses between drafting and plain steps in sync only")
     p = s["verify_min_prob"]
     if p != "auto" and not (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1):
         raise ValueError(f"verify_min_prob={p!r}: must be a probability in [0, 1] or 'auto' (measured as it runs)")

@@ -35,7 +35,6 @@ class GenerationStats:
     leaf_hits: int = 0  # leaves: rounds whose bonus was a verified leaf (one more token committed)
     lookup_drafts: int = 0  # lookup: drafts copied from the context instead of drafted (d3d.decode.lookup)
     datastore_drafts: int = 0  # datastore: drafts looked up in the target's earlier text (d3d.decode.datastore)
-    steps: int = 0  # gate: rounds (x sequences) that were plain target steps, drafting not paying (d3d.decode.gate)
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
     hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences
@@ -68,12 +67,6 @@ class GenerationStats:
     def tau(self) -> float:
         """Mean tokens committed per round (accepted drafts + 1)."""
         return sum((a + 1) * c for a, c in enumerate(self.accept_hist)) / self.rounds if self.rounds else 0.0
-
-    @property
-    def tau_speculating(self) -> float:
-        """τ over the rounds that verified drafts (the gate's plain steps, 1 token each, left out)."""
-        n = self.rounds - self.steps
-        return (self.tau * self.rounds - self.steps) / n if n else 0.0
 
     @property
     def hit_rate(self) -> float:

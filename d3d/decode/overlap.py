@@ -268,7 +268,7 @@ def default_leaves(device: torch.device, mode: str, dtype: torch.dtype | None = 
     Quantized weights (``d3d.cpu.quant``, fp32 activations, whatever the matmul of dense fp32): 2. The
     real model as convert-gguf keeps it, 8 validation requests per set, one run (AMD Zen 5, 2 cores,
     docs/results/quant/validation_defaults.json), 0 -> 2 leaves: code 1.31x -> 1.36x, explanations
-    1.00x -> 1.03x over ar (the gate: 1.31x and 1.03x; it stays off)."""
+    1.00x -> 1.03x over ar."""
     if mode == "async":
         return 0
     if device.type == "cpu" and dtype == torch.float32 and not quantized and not skinny.wanted():
@@ -291,20 +291,6 @@ def default_lookup(device: torch.device, mode: str) -> int:
     return 0 if mode == "async" else 3
 
 
-def default_gate(device: torch.device, mode: str) -> bool:
-    """``gate`` of a device and mode: off everywhere, chosen on validation requests.
-
-    CPU: Qwen2.5-Coder-0.5B with the shipped drafter, fp32 on a 2-core AVX2-only AMD EPYC, 8
-    validation chat requests x 128 tokens per set, one run (docs/results/gate/validation_*.json):
-    speed over ar without / with the gate, code 1.73x / 1.67x (τ 3.19 / 2.88, 20% of rounds
-    steps), explain 1.18x / 1.12x (τ 1.92 / 1.58, 40% steps). Drafting paid on average there, and
-    the gate's steps (its probes, and its switches after a few rounds that accepted nothing) cost
-    more than the rounds they saved. It pays only where drafting loses throughout: MT-Bench prose
-    on that machine (docs/results/gate/). CUDA and async: off (unmeasured; async drafts beside
-    verification)."""
-    return False
-
-
 def default_mode(device: torch.device) -> str:
     """The speculative mode ``python -m d3d generate`` uses with a D3D drafter: async on CUDA,
     sync on a CPU, where async measured slower than sync in every setting (``async_defaults``)."""
@@ -321,4 +307,4 @@ def closing(overlap: Serial):
 
 __all__ = ["OVERLAPS", "Verification", "Serial", "Threaded", "Streamed", "Packed", "SideStream", "make_overlap",
            "default_overlap", "packed_pair", "closing", "AsyncSettings", "async_defaults", "default_mode",
-           "default_verify_min_prob", "default_leaves", "default_lookup", "default_gate"]
+           "default_verify_min_prob", "default_leaves", "default_lookup"]

@@ -6,9 +6,7 @@ A D3D round, for every active sequence:
                   outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)].
                   With ``lookup`` n, a row whose last n tokens occurred before copies what followed
                   them instead (``d3d.decode.lookup``; no drafter pass for it), or with a ``datastore`` what the
-                  target's earlier answers continued them with (``d3d.decode.datastore``). With ``gate``, rows left for
-                  the drafter get an empty draft instead while drafting measures slower than plain
-                  target steps (``d3d.decode.gate``): step 2 is then one target step
+                  target's earlier answers continued them with (``d3d.decode.datastore``)
     2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
                   with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``).
                   With ``leaves`` L the pass also verifies the L likeliest bonuses the drafter proposed
@@ -45,7 +43,6 @@ import torch
 
 from .datastore import Datastore
 from ..draft.drafter import Block
-from .gate import DRAFT, STEP, Gate
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
@@ -82,7 +79,6 @@ class RoundInfo:
     leaf: int | None = None  # leaves: index of the verified leaf accepted as the last of ``accepted`` drafts
     copied: bool = False  # lookup: this round's draft was copied from the context (d3d.decode.lookup) or the datastore
     stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.decode.datastore)
-    step: bool = False  # gate: a plain target step (no drafts), where drafting did not pay (d3d.decode.gate)
     min_prob: float = 0.0  # the verify_min_prob this round's drafts were cut at (measured with "auto")
 
 
@@ -237,10 +233,9 @@ class RoundDrafts:
     """Step 1's result: every active row's draft, and how each row got it."""
 
     drafts: dict[int, Draft]
-    need: list[int]  # rows that had no ready draft and copied none: drafted now (or, by the gate, stepped)
+    need: list[int]  # rows that had no ready draft and copied none: drafted now
     copied: set[int]  # rows whose draft was copied from the context (lookup) or the datastore
     stored: set[int]  # those of them whose draft came from the datastore
-    kind: str  # DRAFT, or STEP where the gate gave ``need`` empty drafts
     seconds: float  # the drafter pass on the critical path
 
 
@@ -256,28 +251,22 @@ class Drafting:
         self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
         self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
 
-    def prepare(self, rows: list[int], lookup: int, gate: Gate | None, clock: Clock,
-                datastore: Datastore | None = None) -> RoundDrafts:
+    def prepare(self, rows: list[int], lookup: int, clock: Clock, datastore: Datastore | None = None) -> RoundDrafts:
         """Step 1: a row keeps its ready draft (a hypothesis of the last round hit); else, with
         ``lookup``, copies one from its context, or with ``datastore`` looks one up there; else the
-        drafter drafts it in one pass for all such rows, or, where ``gate`` chooses a step, it gets
-        an empty draft."""
+        drafter drafts it in one pass for all such rows."""
         need = [i for i in rows if self.ready[i] is None]
         copied = set(need)
         need, stored = self.copy(need, lookup, datastore)
         copied.difference_update(need)
-        kind, seconds = (gate.choose() if gate and need else DRAFT), 0.0
-        if need and kind == STEP:  # an empty draft: the verification is one target step
-            for i in need:
-                self.ready[i] = Draft([], [], [], [])
-            self.stats.steps += len(need)
-        elif need:
+        seconds = 0.0
+        if need:
             fresh, (t0, t1) = clock.timed(lambda: self.draft(need))
             for i, d in zip(need, fresh):
                 self.ready[i] = d
             seconds = t1 - t0
             self.stats.draft_seconds += seconds
-        return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, stored, kind, seconds)
+        return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, stored, seconds)
 
     def draft(self, rows: list[int]) -> list[Draft]:
         """Step 1 for rows without a ready draft: one drafter pass over each row's uncached committed
@@ -381,7 +370,6 @@ def generate_speculative(
     verify_min_prob: float | str = 0.0,
     leaves: int = 0,
     lookup: int = 0,
-    gate: bool = False,
     datastore: Datastore | None = None,
 ) -> GenerationOutput:
     """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
@@ -406,19 +394,12 @@ def generate_speculative(
     ``lookup``: n >= 1 drafts by copying from the context where its last n tokens occurred before
     (``d3d.decode.lookup``), the drafter elsewhere; 0 never. In a batch every row verifies as many drafts
     as the shortest row's draft has.
-    ``gate``: sync only; where a drafting round commits fewer tokens per second than a plain target
-    step, the rows that need the drafter take plain steps instead, trying drafting again every few
-    rounds (``d3d.decode.gate``; measured, so the rounds depend on timing, the output does not). In a
-    batch, a step round verifies no drafts in any row.
     ``datastore``: rows without a ready or copied draft look one up in the target's own earlier text
     (``d3d.decode.datastore``) before asking the drafter.
     """
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
     K = hypotheses if drafter.dcfg.denoise_steps == 1 else 1
-    if gate and use_hyps:
-        raise ValueError("gate=True is for mode='sync': async drafts beside verification, where a step saves no drafting")
-    chooser = Gate() if gate else None
     price = RowPrice() if verify_min_prob == "auto" else None
     stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
                             hits_by_accept=[0] * B)
@@ -438,7 +419,7 @@ def generate_speculative(
         while rows := out.active():
             # 1 draft (rows whose last round's hypotheses missed or had none), then how many to verify
             start = clock.now()
-            r = side.prepare(rows, lookup, chooser, clock, datastore)
+            r = side.prepare(rows, lookup, clock, datastore)
             min_prob = price.min_prob() if price else verify_min_prob
             n_verify = verify_width([r.drafts[i] for i in rows], min_prob)
             # a fixed min_prob cuts drafts only; the measured price ("auto") is what any row costs, leaves too
@@ -454,9 +435,6 @@ def generate_speculative(
             t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact, leaf_rows), job)
             outcomes = seqs.judge(t_logits, draft_t, [drafts[i].tokens for i in rows], rnd, leaf_rows)
             successors = side.finish(job, d_logits)
-            if chooser and r.need:
-                gained = sum(len(o.accepted) + 1 for i, o in zip(rows, outcomes) if i in r.need)
-                chooser.update(r.kind, gained, r.seconds + v_span[1] - v_span[0])
             stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
 
             # 4 commit, and keep the successor that matches the outcome
@@ -474,7 +452,7 @@ def generate_speculative(
                         successor_used=not drafted and i not in r.copied, fallback=bool(mine) and hit is None,
                         sync_draft_seconds=r.seconds if drafted else 0.0, verify_span=v_span,
                         draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps[i], hit=hit,
-                        leaf=o.leaf, copied=i in r.copied, stored=i in r.stored, step=r.kind == STEP and drafted,
+                        leaf=o.leaf, copied=i in r.copied, stored=i in r.stored,
                         min_prob=min_prob))
             if price:
                 price.observe(len(rows) * (n_verify + 1) + sum(map(len, leaf_rows)), v_span[1] - v_span[0], gained,
