@@ -9,7 +9,7 @@ went (drafting on the critical path vs hidden behind verification).
 Modes: ar, ar1 (ar with 1-row matmuls through weights packed by oneDNN for 1 row,
 ``d3d.cpu.linear.one_row_layout``: faster than oneDNN's 16-row layout, not bit-compatible with
 verification; in "vs fastest ar" with ar-fp32), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
-async:none / async:thread / async:stream / async:packed (how the hypotheses pass runs beside
+async:none / async:stream / async:packed (how the hypotheses pass runs beside
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their estimated
 hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus fan-out
 (``d3d.decode.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly with
@@ -184,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
                          "exactly --new-tokens per prompt)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--modes", nargs="+", default=["ar", "ar1", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
-                                                   "async:thread", "async@0"])
+                                                   "async@0"])
     ap.add_argument("--dtype", default="auto", help="dtype of both models (default: the policy's choice)")
     ap.add_argument("--weights", default="auto", help="load_model's weights (default auto: a quantized checkpoint "
                                                        "keeps its blocks; see d3d/cpu/precision.py)")

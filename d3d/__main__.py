@@ -346,7 +346,7 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--explain", action="store_true",
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
                         "timing overlap of drafting and verification")
-    g.add_argument("--overlap", choices=["thread", "packed", "stream", "none"], default=None,
+    g.add_argument("--overlap", choices=["none", "packed", "stream"], default=None,
                    help="async: how the hypotheses pass runs beside verification (default: stream on CUDA; none "
                         "on CPU, i.e. right after verification, measured fastest on 2 cores)")
     g.add_argument("--hypotheses", type=positive_int, default=None,

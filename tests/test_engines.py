@@ -242,24 +242,24 @@ def test_stop_tokens_and_max_new_tokens_inside_a_block(mode):
 
 @pytest.mark.parametrize("hypotheses", [1, 4])
 def test_async_overlap_strategies_agree_and_explain_rounds(hypotheses):
-    """Every overlap runs the same rounds (with 4 hypotheses: sibling blocks through the thread,
-    the joint packed pass and the serial pass alike) and the output is ar's."""
+    """Every overlap runs the same rounds (with 4 hypotheses: sibling blocks through the joint packed
+    pass and the serial pass alike) and the output is ar's."""
     target = tiny_target(seed=6)
     drafter = random_drafter(target, 4, seed=7)
     rounds = []
     outs = {ov: generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="async", drafter=drafter,
-                         overlap=ov, on_round=rounds.append if ov == "thread" else None, hypotheses=hypotheses,
+                         overlap=ov, on_round=rounds.append if ov == "none" else None, hypotheses=hypotheses,
                          fanout=2)
-            for ov in ("thread", "packed", "none")}
-    assert outs["thread"].tokens == outs["packed"].tokens == outs["none"].tokens == reference(target, PROMPTS, 40)
-    assert outs["thread"].stats.accept_hist == outs["packed"].stats.accept_hist == outs["none"].stats.accept_hist
+            for ov in ("packed", "none")}
+    assert outs["packed"].tokens == outs["none"].tokens == reference(target, PROMPTS, 40)
+    assert outs["packed"].stats.accept_hist == outs["none"].stats.accept_hist
     hits = [o.stats.successor_hits for o in outs.values()]
-    assert hits[0] == hits[1] == hits[2] and (hypotheses == 1 or hits[0] > 0)
+    assert hits[0] == hits[1] and (hypotheses == 1 or hits[0] > 0)
     assert rounds and all(r.draft_span is not None for r in rounds)
-    assert sum(len(r.committed) for r in rounds) >= sum(outs["thread"].stats.num_generated) - len(PROMPTS)
+    assert sum(len(r.committed) for r in rounds) >= sum(outs["none"].stats.num_generated) - len(PROMPTS)
 
 
-@pytest.mark.parametrize("overlap", ["thread", "packed", "none/8x3"])
+@pytest.mark.parametrize("overlap", ["packed", "none", "none/8x3"])
 def test_no_memory_growth_over_many_rounds(monkeypatch, overlap):
     """Caches are allocated once per generation and never reallocated or grown."""
     seen = {}

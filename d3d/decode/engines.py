@@ -231,7 +231,7 @@ def d3d_settings(device: torch.device, mode: str, exact: bool, dtype: torch.dtyp
                          "part from ar in low precision; use leaves=0"
                          + ("" if exact_why is None else ", or D3D_QUANT_ACTIVATIONS=fp32"))
     if exact and mode == "async" and s["overlap"] == "packed":
-        raise ValueError("exact=True needs the target's own verification pass: use overlap='none' or 'thread', "
+        raise ValueError("exact=True needs the target's own verification pass: use overlap='none', "
                          "not 'packed' (its joint pass attends all rows at once)")
     return s
 

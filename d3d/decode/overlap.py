@@ -1,12 +1,10 @@
-"""How async D3D runs the hypotheses pass beside verification: four small strategies, one method.
+"""How async D3D runs the hypotheses pass beside verification: three small strategies, one method.
 
 ``run(verify, hypotheses)`` runs the target's verification pass and the drafter's hypotheses pass
 (``d3d.draft.drafter.DraftJob``, or None when no row has hypotheses this round) and returns both logits
 and their time spans. The strategies differ only in how the two passes share the machine:
 
     none     one after the other in this thread (CPU default: measured fastest on 2 cores)
-    thread   the hypotheses pass in a second CPU thread (torch ops release the GIL), each with half
-             of torch's intra-op threads
     stream   the hypotheses pass on a second CUDA stream (CUDA default): the host enqueues both
              passes before it reads anything back, so the GPU runs them concurrently
     packed   one joint pass of both models (``d3d.decode.packed``): shared per-op overhead, stacked weights
@@ -15,7 +13,6 @@ and their time spans. The strategies differ only in how the two passes share the
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,7 +26,7 @@ from ..model.transformer import Transformer
 if TYPE_CHECKING:
     from ..draft.drafter import Drafter, DraftJob
 
-OVERLAPS = ("none", "thread", "stream", "packed")
+OVERLAPS = ("none", "stream", "packed")
 Span = tuple[float, float]
 
 
@@ -42,7 +39,7 @@ class Verification:
     layout: PassLayout
     cache: KVCache
 
-    @torch.inference_mode()  # also in a worker thread (inference mode is per thread)
+    @torch.inference_mode()
     def forward(self) -> torch.Tensor:
         return self.target(self.ids, self.layout, self.cache)
 
@@ -67,33 +64,6 @@ class Serial:
 
     def close(self) -> None:
         pass
-
-
-class Threaded(Serial):
-    """``thread``: the hypotheses pass in a second thread; torch's intra-op threads split between
-    the two, since two threads each using all of them oversubscribe the cores (OpenMP spin-waits
-    then stall tiny ops: measured 8 ms instead of ~30 us per small SDPA call)."""
-
-    name = "thread"
-
-    def __init__(self, clock: Clock, cpu: bool):
-        super().__init__(clock)
-        self.pool = ThreadPoolExecutor(max_workers=1)
-        self.threads = torch.get_num_threads()
-        if cpu:
-            torch.set_num_threads(max(1, self.threads // 2))
-
-    def run(self, verify, job):
-        if job is None:
-            return super().run(verify, None)
-        future = self.pool.submit(self.clock.timed, job.forward)
-        t_logits, v_span = self.clock.timed(verify.forward)
-        d_logits, d_span = future.result()
-        return t_logits, d_logits, v_span, d_span
-
-    def close(self) -> None:
-        self.pool.shutdown()
-        torch.set_num_threads(self.threads)
 
 
 class SideStream:
@@ -172,8 +142,6 @@ def packed_pair(target: Transformer, drafter: "Drafter"):
 def make_overlap(name: str, clock: Clock, target: Transformer, drafter) -> Serial:
     if name == "none":
         return Serial(clock)
-    if name == "thread":
-        return Threaded(clock, target.device.type == "cpu")
     if name == "stream":
         return Streamed(clock, target.device)
     if name == "packed":
@@ -187,7 +155,7 @@ def default_overlap(target: Transformer, drafter=None) -> str:
     Measured on the bundled pair, bf16 with prepacked weights, 8 held-out code prompts, one run
     (AMD EPYC Zen 5, 2 cores): async@0.3 none 1.65x, packed 1.60x, thread 1.27x of ar (sync 1.58x).
     The packed pass's stacked bmm weights cannot use the prepacked per-model matmuls, and two
-    threads on two cores halve each pass's cores; ``none`` also keeps ``exact`` available."""
+    threads on two cores halve each pass's cores (that overlap was removed); ``none`` also keeps ``exact`` available."""
     return "stream" if target.device.type == "cuda" else "none"
 
 
@@ -305,6 +273,6 @@ def closing(overlap: Serial):
         overlap.close()
 
 
-__all__ = ["OVERLAPS", "Verification", "Serial", "Threaded", "Streamed", "Packed", "SideStream", "make_overlap",
+__all__ = ["OVERLAPS", "Verification", "Serial", "Streamed", "Packed", "SideStream", "make_overlap",
            "default_overlap", "packed_pair", "closing", "AsyncSettings", "async_defaults", "default_mode",
            "default_verify_min_prob", "default_leaves", "default_lookup"]
