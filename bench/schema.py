@@ -7,7 +7,7 @@ reason, probe timings)), ``config`` (the command-line arguments), ``results``.
 
 speculative: ``results[set][mode]`` = {tok_s, tokens, seconds, per_prompt_tok_s, speedup_vs_ar}
     (since issue 14 also speedup_vs_fastest_ar: over the fastest of ``ar`` in the policy's dtype,
-    ``ar-fp32`` and ``ar1`` (ar on weights packed for 1 row), and identical_to_ar: prompts whose output equals ar's) and for speculative modes also {tau, rounds, accept_hist, hit_rate, fallback_rate,
+    ``ar-fp32`` (and until 2026-12-04 ``ar1``, ar on weights packed for 1 row), and identical_to_ar: prompts whose output equals ar's) and for speculative modes also {tau, rounds, accept_hist, hit_rate, fallback_rate,
     draft_seconds, hidden_draft_seconds, verify_seconds, and since issue 15 critical_draft_seconds,
     hypotheses_per_round, and since issue 16 verified_drafts_per_round, leaves_per_round and leaf_hit_rate
     (rounds whose bonus was a verified leaf, ``+leavesL``) and lookup_rate (rounds whose draft was copied,

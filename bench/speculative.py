@@ -6,9 +6,7 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, ar1 (ar with 1-row matmuls through weights packed by oneDNN for 1 row,
-``d3d.cpu.linear.one_row_layout``: faster than oneDNN's 16-row layout, not bit-compatible with
-verification; in "vs fastest ar" with ar-fp32), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
+Modes: ar, ar-fp32 (ar in fp32 beside the policy's dtype; in "vs fastest ar"), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
 async:none / async:stream / async:packed (how the hypotheses pass runs beside
 verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their estimated
 hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus fan-out
@@ -36,7 +34,6 @@ every speculative output must equal ar; in bf16 only +exact modes must, the othe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import sys
 import time
@@ -45,7 +42,6 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.cpu import linear as cpu_linear
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
 from d3d.data.corpus import training_corpus
 from d3d.data.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
@@ -57,7 +53,7 @@ from .common import check_chat_sets, compare_table, load_json, machine, markdown
 MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
                   r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+|auto))?(?P<flags>(\+\w+)*)$")
 
-BASELINES = ("ar-fp32", "ar1")  # plain decoding beside ar: not compared token for token, in "fastest ar"
+BASELINES = ("ar-fp32",)  # plain decoding beside ar: not compared token for token, in "fastest ar"
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
@@ -66,11 +62,8 @@ def run_mode(target, drafter, prompt, mode: str, args):
         raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]"
                          "[+lookupN][+store[N]]")
     name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
-    layout = contextlib.nullcontext()
     if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, kw = args.fp32_target, {}
-    elif name == "ar1":  # ar on oneDNN's layout for 1 row: speedups are quoted vs the fastest ar
-        kw, layout = {}, cpu_linear.one_row_layout()
     elif name == "dflash":
         kw = dict(mode="dflash", drafter=args.dflash_drafter, block_size=args.block_size)
     else:
@@ -89,10 +82,9 @@ def run_mode(target, drafter, prompt, mode: str, args):
         if args.datastore is None:
             raise SystemExit(f"mode {mode}: +store needs --datastore DIR (an answer store of this target)")
         kw["datastore"] = args.datastore.at(kw.pop("datastore_min_confidence"))
-    with layout:
-        t = time.perf_counter()
-        out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
-        return out, time.perf_counter() - t
+    t = time.perf_counter()
+    out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
+    return out, time.perf_counter() - t
 
 
 def bench_set(target, drafter, prompts, args) -> dict:
@@ -183,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
                          "at its end-of-turn token, as an instruction-tuned model is used (default: raw text, "
                          "exactly --new-tokens per prompt)")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--modes", nargs="+", default=["ar", "ar1", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
+    ap.add_argument("--modes", nargs="+", default=["ar", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
                                                    "async@0"])
     ap.add_argument("--dtype", default="auto", help="dtype of both models (default: the policy's choice)")
     ap.add_argument("--weights", default="auto", help="load_model's weights (default auto: a quantized checkpoint "

@@ -41,17 +41,17 @@ def tiny_pair(tmp_path_factory):
 def test_speculative_smoke(tiny_pair, tmp_path):
     out = tmp_path / "spec.json"
     bench_main(["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
-                "--n", "1", "--new-tokens", "6", "--block-size", "4", "--modes", "ar", "ar1", "sync", "async", "async:none@0/3x2",
+                "--n", "1", "--new-tokens", "6", "--block-size", "4", "--modes", "ar", "ar-fp32", "sync", "async", "async:none@0/3x2",
                 "sync~1", "sync~auto", "sync~0+lookup0+leaves3", "--sets", "code", "humaneval", "mtbench", "docs", "--out", str(out), "--plots", str(tmp_path / "plots")])
     payload = json.loads(out.read_text())
     schema.validate(payload)
     # every requested set is either measured or reported missing with a reason; none vanishes
     assert set(payload["results"]) | set(payload["missing_sets"]) == {"code", "humaneval", "mtbench", "docs"}
-    assert "code" in payload["results"] and set(payload["results"]["code"]) == {"ar", "ar1", "sync", "async", "async:none@0/3x2",
+    assert "code" in payload["results"] and set(payload["results"]["code"]) == {"ar", "ar-fp32", "sync", "async", "async:none@0/3x2",
                                                                                    "sync~1", "sync~auto",
                                                                                    "sync~0+lookup0+leaves3"}
     code = payload["results"]["code"]
-    fastest = max(code["ar"]["tok_s"], code["ar1"]["tok_s"])  # ar1: ar on weights packed for 1 row
+    fastest = max(code["ar"]["tok_s"], code["ar-fp32"]["tok_s"])
     assert code["sync"]["speedup_vs_fastest_ar"] == pytest.approx(code["sync"]["tok_s"] / fastest)
     k3 = payload["results"]["code"]["async:none@0/3x2"]
     assert 0 < k3["hypotheses_per_round"] <= 3 and len(k3["hit_rate_by_accept"]) == 4

@@ -58,33 +58,6 @@ def test_autograd_uses_the_plain_weight():
     torch.testing.assert_close(w.grad, x.sum(0).expand(8, 4))
 
 
-@needs_onednn
-def test_one_row_layout_serves_single_rows_only_and_only_inside():
-    """Inside one_row_layout a 1-row matmul goes through a second copy packed for 1 row (close to
-    F.linear, rebuilt after an in-place update); several rows, and everything outside, keep the
-    16-row copy bit for bit."""
-    w = torch.randn(200, 72)
-    cpu_linear.pack(w)
-    x1, x5 = torch.randn(1, 1, 72), torch.randn(5, 72)
-    with torch.inference_mode():
-        out1, out5 = cpu_linear.linear(x1, w), cpu_linear.linear(x5, w)
-        assert not hasattr(w, cpu_linear.ATTR_ONE_ROW)
-        with cpu_linear.one_row_layout():
-            in1, in5 = cpu_linear.linear(x1, w), cpu_linear.linear(x5, w)
-            copy = getattr(w, cpu_linear.ATTR_ONE_ROW)
-            cpu_linear.linear(x1, w)
-            assert getattr(w, cpu_linear.ATTR_ONE_ROW) is copy  # made once
-        assert torch.equal(cpu_linear.linear(x1, w), out1)  # the context is left: the 16-row copy again
-    assert in1.shape == (1, 1, 200) and torch.equal(in5, out5)
-    torch.testing.assert_close(in1, F.linear(x1, w), atol=1e-5, rtol=1e-5)
-    with torch.no_grad():
-        w.mul_(-2.0)
-        with cpu_linear.one_row_layout():
-            again = cpu_linear.linear(x1, w)
-    assert getattr(w, cpu_linear.ATTR_ONE_ROW) is not copy
-    torch.testing.assert_close(again, F.linear(x1, w), atol=1e-5, rtol=1e-5)
-
-
 def test_what_is_never_packed():
     assert not cpu_linear.pack(torch.randn(4, 4, dtype=torch.float64))
     assert not cpu_linear.pack(torch.randn(4))

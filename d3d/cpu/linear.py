@@ -34,8 +34,6 @@ on CPU. A packed copy is used only without autograd and only while its weight is
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 
 import torch
@@ -46,9 +44,6 @@ from ..kernels import skinny
 BATCH_HINT = 16  # the layout oneDNN picks for 16 rows was row-count invariant; the one for 1 row was not (fp32)
 
 ATTR = "_d3d_packed"  # the packed copy lives on the weight tensor itself: same lifetime, no registry
-ATTR_ONE_ROW = "_d3d_packed_1"  # the copy packed for 1 row, made on first use inside one_row_layout()
-
-_ONE_ROW = contextvars.ContextVar("d3d_one_row_layout", default=False)
 
 
 def available() -> bool:
@@ -115,33 +110,6 @@ def pack(weight: torch.Tensor) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def one_row_layout():
-    """Inside, a matmul of one row uses a second copy of the weight packed by oneDNN for 1 row.
-
-    Against oneDNN's 16-row layout that layout is faster for a single row and slower for several
-    (fp32, 2-core AVX2 EPYC, the 0.5B target's linears, median ms: M=1 52 vs 63, M=2 117 vs 71; ar
-    on it 1.10-1.12x faster on 16 HumanEval prompts; docs/results/pack-hint/), but it is not row-invariant: it rounds
-    differently (~1 ulp) from the 16-row layout that verification passes use, so it is for plain
-    decoding that is not compared bit for bit with a speculative engine (``ar1`` in ``bench
-    speculative``). Where fp32 runs on the panels (``d3d.kernels.skinny``), ar on them matched or beat
-    it (validation requests: code 11.74 vs 11.30 tok/s, explanations 10.72 vs 10.67;
-    docs/results/panels/ab.txt). Scoped to the current thread or task (a context variable)."""
-    token = _ONE_ROW.set(True)
-    try:
-        yield
-    finally:
-        _ONE_ROW.reset(token)
-
-
-def _one_row_copy(weight: torch.Tensor) -> PackedWeight:
-    p = getattr(weight, ATTR_ONE_ROW, None)
-    if p is None or p.version != weight._version:
-        p = PackedWeight(weight, hint=1)
-        setattr(weight, ATTR_ONE_ROW, p)
-    return p
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` when it has one, or the
     quantized kernel when ``weight`` is a ``d3d.cpu.quant`` matrix."""
@@ -153,12 +121,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if p.version != weight._version:  # updated in place since packing: repack
         pack(weight)
         p = getattr(weight, ATTR)
-    if x.numel() == x.shape[-1] and _ONE_ROW.get() and packs(weight.dtype):
-        p = _one_row_copy(weight)
     return p(x, bias)
 
 
-__all__ = ["available", "packs", "pack", "linear", "one_row_layout", "PackedWeight", "PanelWeight"]
+__all__ = ["available", "packs", "pack", "linear", "matmul_path", "PackedWeight", "PanelWeight"]
 
 
 def matmul_path(model) -> str:
