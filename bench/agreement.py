@@ -25,7 +25,7 @@ from d3d.cpu.precision import auto_dtype
 from d3d.data.corpus import training_corpus
 from d3d.data.prompts import PROMPT_SETS, load_prompt_set
 
-from .common import check_chat_sets, machine, markdown_table, mode_flags, write_json
+from .common import bench_spec, check_chat_sets, machine, markdown_table, write_json
 
 
 @torch.inference_mode()
@@ -47,9 +47,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=30, help="prompts per set (default 30)")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=96)
-    ap.add_argument("--modes", nargs="+", default=["sync", "async", "sync+exact"],
-                    help="speculative modes; +exact: row-invariant verification (must always agree); "
-                         "+leavesL: L bonus leaves (sync's default: 2); +lookupN: copied drafts (sync's default: 3)")
+    ap.add_argument("--modes", nargs="+", default=["sync", "async", "sync,exact=true"],
+                    help="speculative modes in d3d.SpecConfig's compact form, commas for spaces: exact=true verifies "
+                         "with row-invariant attention (must always agree); leaves=L, lookup=N (d3d/decode/config.py)")
     ap.add_argument("--chat", action="store_true",
                     help="ask the prompts as user turns in the target's chat format (humaneval, mtbench) and stop at "
                          "its end-of-turn token, as an instruction-tuned model is used")
@@ -73,9 +73,8 @@ def main(argv=None) -> dict:
                                                    corpus=training_corpus(target_dir))):
             ar = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=stops).tokens[0]
             for mode in args.modes:
-                name_, plus, flags = mode.partition("+")
-                spec = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=stops, mode=name_,
-                                    drafter=drafter, **mode_flags(mode, plus + flags)).tokens[0]
+                spec = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=stops,
+                                    drafter=drafter, spec=bench_spec(mode)).tokens[0]
                 same = spec == ar
                 rows.append({"set": name, "prompt": i, "mode": mode, "identical": same})
                 if not same:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from d3d.files import write_json as atomic_write_json
 from d3d.data.prompts import CHAT_SETS
+from d3d.decode.config import SpecConfig
 
 
 def machine() -> dict:
@@ -165,22 +166,19 @@ def random_model(name: str, device: str = "cpu"):
     return model.eval().requires_grad_(False)
 
 
-def mode_flags(mode: str, flags: str) -> dict:
-    """``d3d.generate`` arguments of a mode's ``+flag`` suffixes (``flags`` = "+exact+leaves4"):
-    +exact (row-invariant verification), +leavesL (L bonus leaves), +lookupN (copy drafts after an
-    N-token match in the context, ``d3d.decode.lookup``), +storeN (drafts looked up in the datastore,
-    ``d3d.decode.datastore``, where N% of the occurrences agree on the first: ``datastore_min_confidence``,
-    which the caller turns into a ``datastore``)."""
-    kw = {}
-    for flag in flags.split("+")[1:]:
-        if flag == "exact":
-            kw["exact"] = True
-        elif re.fullmatch(r"leaves\d+", flag):
-            kw["leaves"] = int(flag.removeprefix("leaves"))
-        elif re.fullmatch(r"lookup\d+", flag):
-            kw["lookup"] = int(flag.removeprefix("lookup"))
-        elif re.fullmatch(r"store\d*", flag):
-            kw["datastore_min_confidence"] = int(flag.removeprefix("store") or 0) / 100
-        else:
-            raise SystemExit(f"mode {mode}: unknown flag +{flag} (known: +exact, +leavesL, +lookupN, +store[N])")
-    return kw
+def bench_spec(mode: str, datastore=None):
+    """A bench mode -> ``d3d.SpecConfig``: the compact form ``generate --spec`` reads, commas for spaces
+    ("sync,lookup=0,leaves=3"; ``d3d.decode.config.SpecConfig.parse``), plus the bench's own
+    ``store=N``: drafts from ``--datastore`` where N% of the occurrences agree on the first
+    (``d3d.decode.datastore``)."""
+    items = mode.replace(",", " ").split()
+    store = [i for i in items if i.startswith("store=")]
+    try:
+        spec = SpecConfig.parse(" ".join(i for i in items if not i.startswith("store=")))
+    except ValueError as e:
+        raise SystemExit(f"mode {mode!r}: {e}") from None
+    if store:
+        if datastore is None:
+            raise SystemExit(f"mode {mode!r}: store= needs --datastore DIR (an answer store of this target)")
+        spec = spec.replace(datastore=datastore.at(int(store[-1].removeprefix("store=")) / 100))
+    return spec

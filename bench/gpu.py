@@ -13,7 +13,7 @@ with its own time limit, so a failing or slow stage still leaves the others' res
                  beside device time shows launch overhead; the engines have no CUDA graphs yet)
   speculative    the bundled pair, every mode, async with the CUDA-stream overlap
   hypotheses     async's K (outcome hypotheses) / F (fan-out) on validation prompts: what
-                 ``d3d.decode.overlap.async_defaults`` should pick on a GPU (unmeasured so far), and sync
+                 ``d3d.decode.config.defaults`` should pick on a GPU (unmeasured so far), and sync
                  with bonus leaves (``leaves``: rows are nearly free on a GPU, so more should pay)
                  and copied drafts (``lookup``: sync's default 3, async's 0 unmeasured)
   quant          the Triton weight-only int8/int5/int4 matmul vs bf16 F.linear (``bench quantmm``)
@@ -42,6 +42,11 @@ from .common import machine, markdown_table, write_json
 
 
 ROOT = Path(__file__).resolve().parent.parent
+def K(k: int, f: int) -> str:
+    """The bench mode of async drafting ahead for k outcomes, f bonus candidates each, every round."""
+    return f"async,successor_threshold=0,hypotheses={k},fanout={f}"
+
+
 KERNEL_TESTS = ["tests/test_attention.py", "tests/test_denoise.py", "tests/test_accept.py", "tests/test_quant.py"]
 
 
@@ -57,7 +62,7 @@ def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
             ("speculative", ["bench", "speculative", "--n", "1", "--new-tokens", "6", "--sets", "code",
                              "--modes", "ar", "sync", "async", "--out", o("speculative.json")], 90),
             ("hypotheses", ["bench", "speculative", "--validation", "--n", "1", "--new-tokens", "6", "--sets", "code",
-                            "--modes", "ar", "sync", "async@0/1x1", "async@0/4x2", "sync+leaves2", "sync+lookup0",
+                            "--modes", "ar", "sync", K(1, 1), K(4, 2), "sync,leaves=2", "sync,lookup=0",
                             "--out", o("hypotheses.json")], 90),
             ("quant", ["bench", "quantmm", "--quick", "--out", o("quantmm.json")], 60),
             ("kernels-1k", ["bench", "kernels", "--quick", "--attention-only", "--cache-len", "16",
@@ -71,11 +76,11 @@ def stages(out: Path, dry: bool) -> list[tuple[str, list[str], int]]:
         ("passes", ["bench", "passes", "--preset", "qwen3-1.7b", "--device", "cuda", "--dtypes", "bfloat16",
                     "--T", "1", "2", "4", "8", "16", "32", "64", "--repeats", "20", "--out", o("passes.json")], 90),
         ("speculative", ["bench", "speculative", "--device", "cuda", "--n", "4", "--sets", "code", "humaneval",
-                         "--modes", "ar", "sync", "async", "async:none", "async@0", "dflash",
+                         "--modes", "ar", "sync", "async", "async,overlap=none", "async,successor_threshold=0", "dflash",
                          "--out", o("speculative.json")], 150),
         ("hypotheses", ["bench", "speculative", "--device", "cuda", "--validation", "--n", "4", "--sets", "code",
-                        "--modes", "ar", "sync", "async@0/1x1", "async@0/4x1", "async@0/8x3", "async@0/16x3",
-                        "async@0/32x3", "sync+leaves0", "sync+leaves4", "sync+leaves16", "sync+lookup0", "async+lookup3",
+                        "--modes", "ar", "sync", K(1, 1), K(4, 1), K(8, 3), K(16, 3), K(32, 3), "sync,leaves=0",
+                        "sync,leaves=4", "sync,leaves=16", "sync,lookup=0", "async,lookup=3",
                         "--out", o("hypotheses.json")], 90),
         ("quant", ["bench", "quantmm", "--out", o("quantmm.json")], 60),
         ("kernels-1k", ["bench", "kernels", "--attention-only", "--cache-len", "1024", "--cases", "verify", "d3d",

@@ -35,7 +35,7 @@ import torch
 
 import d3d
 from d3d.assets import bundled
-from d3d.decode.overlap import default_mode
+from d3d.decode.config import default_mode
 from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                     runs[engine] = llama_run(bins["llama-lookup" if lookup else "llama-completion"], Path(args.gguf),
                                              text, args.new_tokens, args.threads, lookup)
                 else:
-                    kw = dict(mode="ar") if engine == "d3d-ar" else dict(mode=default_mode(target.device),
-                                                                           drafter=drafter)
-                    out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, stop_ids=stops, **kw)
+                    spec = "ar" if engine == "d3d-ar" else default_mode(target.device)
+                    out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
+                                       stop_ids=stops)
                     runs[engine] = {"tokens": len(out.tokens[0]),
                                     "seconds": out.stats.prefill_seconds + out.stats.decode_seconds,
                                     "ids": out.tokens[0], "text": tok.decode(out.tokens[0], skip_special_tokens=True)}

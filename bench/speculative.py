@@ -6,26 +6,21 @@ set and mode we report τ, tokens/s (generated tokens / wall time including pref
 over ``ar`` measured in the same run, and for async the successor hit rate and where the time
 went (drafting on the critical path vs hidden behind verification).
 
-Modes: ar, ar-fp32 (ar in fp32 beside the policy's dtype; in "vs fastest ar"), sync, dflash (the DFlash baseline drafter), async (the device's default settings),
-async:none / async:stream / async:packed (how the hypotheses pass runs beside
-verification); a suffix @X sets the successor threshold (a row gets hypotheses only when their estimated
-hit probability is >= X); /K or /KxF the number of outcome hypotheses and the bonus fan-out
-(``d3d.decode.hypotheses``); ~P verifies only the leading drafts the drafter believes in jointly with
-probability >= P (``verify_min_prob``; ~auto measures P as it runs, ``d3d.decode.row_price``; the JSON's
-verified_drafts_per_round); +exact verifies with row-invariant attention (bf16 output equal to ar bit
-for bit); +leavesL verifies also the L likeliest bonuses the drafter proposed (``leaves``; the JSON's
-leaf_hit_rate, leaves_per_round); +lookupN copies the draft from the context after an N-token match
-(``lookup``; the JSON's lookup_rate); +storeN drafts from the target's own earlier answers (``--datastore``,
-``d3d.decode.datastore``) where N% of the occurrences agree on the first draft (+store: any share; the JSON's
-datastore_rate).
-Example: ``async:none@0/8x3+exact``, ``sync~0.05``, ``sync~auto``, ``sync~0.02+leaves4``, ``sync+lookup0``, ``sync+store50``.
+Modes: ``ar``, ``ar-fp32`` (ar in fp32 beside the policy's dtype; in "vs fastest ar"), and any
+``d3d.SpecConfig`` in the compact form ``generate --spec`` reads, commas for spaces: ``sync``, ``dflash``,
+``async`` (the device's defaults), ``async,overlap=packed,hypotheses=4``, ``sync,verify_min_prob=auto``,
+``sync,exact=true``, ``sync,lookup=0,leaves=0`` (the drafter alone); what each knob means:
+``d3d/decode/config.py``. ``store=N`` (the bench's own) drafts from the target's earlier answers
+(``--datastore``) where N% of the occurrences agree on the first draft. The JSON's
+verified_drafts_per_round, leaf_hit_rate, leaves_per_round, lookup_rate and datastore_rate say what
+each knob did.
 
 For async modes the JSON reports the hit rate, the hit rate per accept length, hypotheses drafted
 per round, and the drafting left on the critical path (synchronous drafts + the part of the
 hypotheses passes that verification did not hide).
 
 Models load in the dtype policy's choice (``d3d.cpu.precision``; ``--dtype`` forces one). In fp32
-every speculative output must equal ar; in bf16 only +exact modes must, the others are counted
+every speculative output must equal ar; in bf16 only exact=true modes must, the others are counted
 (``identical_to_ar``): they may part at near-ties of the target's logits.
 
     python -m bench speculative [--sets code humaneval] [--n 8] [--new-tokens 128] [--out FILE]
@@ -34,7 +29,6 @@ every speculative output must equal ar; in bf16 only +exact modes must, the othe
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -47,43 +41,21 @@ from d3d.data.corpus import training_corpus
 from d3d.data.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 from d3d.train.chat_data import chat_prompts
 
-from .common import check_chat_sets, compare_table, load_json, machine, markdown_table, mode_flags, write_json
+from .common import bench_spec, check_chat_sets, compare_table, load_json, machine, markdown_table, write_json
 
-
-MODE = re.compile(r"^(?P<name>[a-z0-9-]+)(:(?P<overlap>[a-z]+))?(@(?P<threshold>[0-9.]+))?"
-                  r"(/(?P<k>\d+)(x(?P<f>\d+))?)?(~(?P<likely>[0-9.]+|auto))?(?P<flags>(\+\w+)*)$")
 
 BASELINES = ("ar-fp32",)  # plain decoding beside ar: not compared token for token, in "fastest ar"
 
 
 def run_mode(target, drafter, prompt, mode: str, args):
-    m = MODE.match(mode)
-    if m is None:
-        raise SystemExit(f"mode {mode!r}: expected NAME[:OVERLAP][@THRESHOLD][/K[xF]][~MIN_PROB][+exact][+leavesL]"
-                         "[+lookupN][+store[N]]")
-    name, overlap, threshold = m["name"], m["overlap"], m["threshold"]
-    if name == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
-        target, kw = args.fp32_target, {}
-    elif name == "dflash":
-        kw = dict(mode="dflash", drafter=args.dflash_drafter, block_size=args.block_size)
-    else:
-        kw = {} if name == "ar" else dict(mode=name, drafter=drafter, block_size=args.block_size,
-                                          overlap=overlap or None)
-    if threshold:
-        kw["successor_threshold"] = float(threshold)
-    if m["k"]:
-        kw["hypotheses"] = int(m["k"])
-    if m["f"]:
-        kw["fanout"] = int(m["f"])
-    if m["likely"]:
-        kw["verify_min_prob"] = m["likely"] if m["likely"] == "auto" else float(m["likely"])
-    kw.update(mode_flags(mode, m["flags"]))
-    if "datastore_min_confidence" in kw:
-        if args.datastore is None:
-            raise SystemExit(f"mode {mode}: +store needs --datastore DIR (an answer store of this target)")
-        kw["datastore"] = args.datastore.at(kw.pop("datastore_min_confidence"))
+    if mode == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
+        target, mode = args.fp32_target, "ar"
+    spec = args.specs[mode]
+    if spec.block_size is None and spec.mode != "ar":
+        spec = spec.replace(block_size=args.block_size)
+    draft = args.dflash_drafter if spec.mode == "dflash" else drafter
     t = time.perf_counter()
-    out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, stop_ids=args.stop_ids, **kw)
+    out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, spec=spec, drafter=draft, stop_ids=args.stop_ids)
     return out, time.perf_counter() - t
 
 
@@ -124,7 +96,7 @@ def bench_set(target, drafter, prompts, args) -> dict:
         for m, tokens in outs.items():
             acc[m]["identical"] += tokens == outs.get("ar")
             # another dtype or matmul layout (BASELINES) may part from ar's greedy output at near-ties
-            if "ar" in outs and tokens != outs["ar"] and m not in BASELINES and (must_match or m.endswith("+exact")):
+            if "ar" in outs and tokens != outs["ar"] and m not in BASELINES and (must_match or args.specs[m].exact):
                 raise SystemExit(f"prompt {i}: {m} output differs from ar — speculative decoding is broken")
         print(f"  prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     res = {}
@@ -175,8 +147,10 @@ def parser() -> argparse.ArgumentParser:
                          "at its end-of-turn token, as an instruction-tuned model is used (default: raw text, "
                          "exactly --new-tokens per prompt)")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--modes", nargs="+", default=["ar", "ar-fp32", "sync", "sync+exact", "async", "async:packed",
-                                                   "async@0"])
+    ap.add_argument("--modes", nargs="+", default=["ar", "ar-fp32", "sync", "sync,exact=true", "async",
+                                                   "async,overlap=packed", "async,successor_threshold=0"],
+                    help="ar, ar-fp32, or d3d.SpecConfig's compact form with commas (sync,lookup=0,leaves=3); "
+                         "store=N: drafts from --datastore (module docstring)")
     ap.add_argument("--dtype", default="auto", help="dtype of both models (default: the policy's choice)")
     ap.add_argument("--weights", default="auto", help="load_model's weights (default auto: a quantized checkpoint "
                                                        "keeps its blocks; see d3d/cpu/precision.py)")
@@ -247,24 +221,25 @@ def main(argv=None) -> dict:
     args.stop_ids = tok.stop_token_ids() if args.chat else []
     drafter = d3d.load_drafter(drafter_dir, target=target)
     args.datastore_dir, args.datastore = args.datastore, None
-    if any("+store" in m for m in args.modes):
+    if any("store=" in m for m in args.modes):
         if args.datastore_dir is None:
-            ap.error("the +store modes need --datastore DIR")
+            ap.error("the store= modes need --datastore DIR")
         t0 = time.perf_counter()
         args.datastore = d3d.load_datastore(args.datastore_dir, target)
         print(f"datastore {args.datastore_dir}: {len(args.datastore)} tokens indexed in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr)
+    args.specs = {m: bench_spec("ar" if m == "ar-fp32" else m, args.datastore) for m in args.modes}
     args.fp32_target = (d3d.load_model(target_dir, dtype="float32", device=args.device)
                         if "ar-fp32" in args.modes else None)
     args.dflash_drafter = None
     dflash_dir = Path(args.dflash) if args.dflash else models_dir() / BUNDLED_DFLASH
-    if any(m.startswith("dflash") for m in args.modes):
+    if any(s.mode == "dflash" for s in args.specs.values()):
         from d3d.draft.dflash import load_dflash
 
         if not (dflash_dir / "config.json").is_file():
             raise SystemExit(f"mode dflash: no DFlash drafter at {dflash_dir} (pass --dflash DIR)")
         args.dflash_drafter = load_dflash(dflash_dir, target)
-    d3d.generate(target, [1, 2, 3], max_new_tokens=8, mode="async", drafter=drafter, stop_ids=[])  # warm-up
+    d3d.generate(target, [1, 2, 3], max_new_tokens=8, drafter=drafter, stop_ids=[], spec="async")  # warm-up
     corpus = training_corpus(target_dir)  # code prompts from the evaluation files of the target's own corpus
     sets, missing = load_sets(args, tok, corpus)
     results = {}
@@ -272,7 +247,7 @@ def main(argv=None) -> dict:
         print(f"{name}: {len(prompts)} prompts", file=sys.stderr)
         results[name] = bench_set(target, drafter, prompts, args)
     print(results_table(results))
-    config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target", "datastore")}
+    config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target", "datastore", "specs")}
     config["dtype_used"] = str(target.dtype).removeprefix("torch.")
     payload = {"bench": "speculative", "machine": machine(), "config": config,
                "target": str(target_dir), "drafter": str(drafter_dir),

@@ -35,14 +35,51 @@ def positive_int(s: str) -> int:
     return v
 
 
-def min_prob(s: str) -> float | str:
-    """``--verify-min-prob``: auto, or a number (its range is the engine's to check, by name)."""
-    if s == "auto":
-        return s
+def add_spec_arguments(p) -> None:
+    """--mode, --spec and one flag per knob of ``d3d.SpecConfig`` (help from ``d3d.decode.config.HELP``;
+    values read by the same ``parse_value`` as --spec and the bench's modes)."""
+    from d3d.decode.config import HELP, MODES, SpecConfig
+
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help="ar: one target forward per token; sync: draft then verify; async: D3D, successor blocks for "
+                        "the likeliest outcomes are drafted while the current block is verified; dflash: the DFlash "
+                        "baseline. Default: sync on a CPU, async on CUDA with a D3D drafter (the bundled one that "
+                        "fits the model), dflash with a DFlash --drafter, ar when no drafter fits")
+    p.add_argument("--spec", type=SpecConfig.parse, default=None, metavar="'MODE [KNOB=VALUE ...]'",
+                   help="the mode and knobs in one string, as d3d.generate(spec=...) and the bench read them, e.g. "
+                        "'sync lookup=0 leaves=0'; flags below override its knobs")
+    for f in dataclasses.fields(SpecConfig):
+        if f.name in HELP:
+            flag = "--" + f.name.replace("_", "-")
+            if f.name == "exact":
+                p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=HELP[f.name])
+                continue
+            p.add_argument(flag, default=None, metavar=f.name.upper() if f.name != "verify_min_prob" else "P",
+                           type=lambda raw, name=f.name: _knob(name, raw),
+                           help=HELP[f.name] + " (default: the device's measured choice, d3d/decode/config.py)")
+
+
+def _knob(name: str, raw: str):
+    from d3d.decode.config import SpecConfig, parse_value
+
     try:
-        return float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1] or auto, got {s}") from None
+        value = parse_value(name, raw)
+        SpecConfig(**{name: value}).check()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def spec_from_args(args) -> tuple[str | None, dict]:
+    """(the mode asked for or None, the knobs set) from --spec, --mode and the knob flags (they override --spec)."""
+    from d3d.decode.config import HELP
+
+    base = args.spec
+    if base is not None and args.mode is not None and args.mode != base.mode:
+        raise ValueError(f"--mode {args.mode} and --spec {str(base)!r} name different modes")
+    knobs = {} if base is None else {k: getattr(base, k) for k in HELP if getattr(base, k) is not None}
+    knobs.update({k: getattr(args, k) for k in HELP if getattr(args, k) is not None})
+    return (base.mode if base is not None else args.mode), knobs
 
 
 class Explainer:
@@ -94,6 +131,7 @@ class Explainer:
 def cmd_generate(args) -> int:
     import d3d
     from d3d.cpu.linear import matmul_path
+    from d3d.decode.config import Sampling, SpecConfig
     from d3d.draft.pick import pick_drafter
 
     model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
@@ -101,7 +139,8 @@ def cmd_generate(args) -> int:
         raise FileNotFoundError(f"--model {model_dir}: not a directory (expected a HF checkpoint directory)")
     tok = d3d.load_tokenizer(args.tokenizer or model_dir)
     model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device, weights=args.weights)
-    mode, drafter, note = pick_drafter(model, args.mode, args.drafter)
+    asked, knobs = spec_from_args(args)
+    mode, drafter, note = pick_drafter(model, asked, args.drafter)
     if not args.prompt:
         raise SystemExit("error: --prompt is empty")
     if args.chat:
@@ -114,19 +153,15 @@ def cmd_generate(args) -> int:
         raise SystemExit(f"error: tokenizer {tok.source} produced id {max(ids)} >= model vocab_size {model.cfg.vocab_size}")
     stops = sorted(set(tok.stop_token_ids()) | set(model.cfg.eos_token_ids))
     printer = None if (args.json or args.explain) else StreamPrinter(tok)
-    out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_ids=stops, stream=printer,
-                       mode=mode, drafter=drafter, block_size=args.block_size,
-                       on_round=Explainer(tok) if args.explain else None, overlap=args.overlap,
-                       successor_threshold=args.successor_threshold, exact=args.exact or None,
-                       hypotheses=args.hypotheses, fanout=args.fanout, verify_min_prob=args.verify_min_prob,
-                       leaves=args.leaves, lookup=args.lookup,
-                       datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None)
+    spec = SpecConfig(mode, datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None, **knobs)
+    out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, spec=spec, drafter=drafter,
+                       sampling=Sampling(args.temperature, args.top_k, args.top_p, args.seed), stop_ids=stops,
+                       stream=printer, on_round=Explainer(tok) if args.explain else None)
     tokens = out.tokens[0]
     s = out.stats
     if args.json:
         print(json.dumps({"text": tok.decode(tokens, skip_special_tokens=True), "token_ids": tokens,
-                          "num_prompt_tokens": len(ids), "mode": mode, "note": note,
+                          "num_prompt_tokens": len(ids), "mode": mode, "spec": str(spec), "note": note,
                           "dtype": str(model.dtype).removeprefix("torch."), "weights": model.weights,
                           "matmul": matmul_path(model),
                           "stats": s.to_dict()}))
@@ -335,54 +370,15 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
     g.add_argument("--drafter", help="drafter directory, D3D or DFlash (detected from its config.json; default: the "
                                      f"bundled models/{BUNDLED_DRAFTER} when it fits the model)")
-    g.add_argument("--mode", choices=["ar", "sync", "async", "dflash"], default=None,
-                   help="ar: one target forward per token; sync: draft then verify; async: D3D, successor "
-                        "blocks for the likeliest outcomes are drafted while the current block is verified; "
-                        "dflash: the DFlash baseline (the bundled DFlash drafter when it fits, or --drafter). Default with a D3D "
-                        "drafter (the bundled one when it fits the model): async on CUDA, sync on a CPU (measured "
-                        "faster there: the hypotheses compete with verification for the same cores); dflash "
-                        "with a DFlash --drafter; ar when no drafter fits")
-    g.add_argument("--block-size", type=positive_int, default=None, help="tokens per round B (default: the drafter's, 16)")
     g.add_argument("--explain", action="store_true",
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
                         "timing overlap of drafting and verification")
-    g.add_argument("--overlap", choices=["none", "packed", "stream"], default=None,
-                   help="async: how the hypotheses pass runs beside verification (default: stream on CUDA; none "
-                        "on CPU, i.e. right after verification, measured fastest on 2 cores)")
-    g.add_argument("--hypotheses", type=positive_int, default=None,
-                   help="async: K, successor blocks drafted per round for the K likeliest verification outcomes "
-                        "(accept length, bonus token) (default: the device's measured choice, d3d/decode/overlap.py)")
-    g.add_argument("--fanout", type=positive_int, default=None,
-                   help="async: F, bonus candidates per accept length: the drafter's F likeliest tokens other "
-                        "than its draft (default: the device's measured choice)")
-    g.add_argument("--successor-threshold", type=float, default=None,
-                   help="async: draft hypotheses only when the drafter's estimate of their total probability "
-                        "(that one of them hits) is at least this (0 = always; default: the device's choice)")
-    g.add_argument("--verify-min-prob", type=min_prob, default=None, metavar="P",
-                   help="sync/async: verify only the leading drafts the drafter believes in jointly with "
-                        "probability >= P (0 = all; lossless either way): fewer verified tokens per round, which "
-                        "pays where each costs real time (a CPU) and the drafter is weak. 'auto': measure P as it "
-                        "runs, tokens per second times the seconds one more verified row costs (d3d/decode/row_price.py). "
-                        "Default: the device's measured choice, auto on a CPU, 0 on CUDA (d3d/decode/overlap.py)")
-    g.add_argument("--leaves", type=int, default=None, metavar="L",
-                   help="sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target "
-                        "row each: a round whose bonus is one of them commits one more token (lossless; not with "
-                        "--exact; default, measured: 2 with sync, 0 with sync in fp32 on a CPU, with async or with "
-                        "--exact; d3d/decode/overlap.py)")
-    g.add_argument("--lookup", type=int, default=None, metavar="N",
-                   help="sync/async: when the last N tokens occurred earlier in the prompt or output, draft by "
-                        "copying what followed them (prompt lookup; lossless) instead of asking the drafter; "
-                        "0 = never (default: the measured choice, d3d/decode/overlap.py)")
+    add_spec_arguments(g)
     g.add_argument("--datastore", default=None, metavar="DIR",
                    help="sync/async: where no copy from the context applies, draft what the target's own earlier "
                         "answers continued the last few tokens with (an answer store of this model, e.g. "
                         "data/qwen2.5-coder-answers; indexed at start, a few seconds) before asking the drafter "
                         "(lossless; d3d/decode/datastore.py)")
-    g.add_argument("--exact", action="store_true",
-                   help="sync/async: verify with row-invariant attention, so that greedy output equals --mode ar "
-                        "token for token in bf16 too (slower verification; without it bf16 outputs may part at "
-                        "near-ties of the target's logits); on by itself where quantized weights multiply int8 "
-                        "activations (d3d/cpu/quant.py)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")

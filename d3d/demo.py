@@ -15,7 +15,7 @@ from pathlib import Path
 from .assets import BUNDLED_TARGET, models_dir
 from .cpu.linear import matmul_path
 from .decode.engines import generate
-from .decode.overlap import default_mode
+from .decode.config import default_mode
 from .draft.pick import pick_drafter
 from .model.checkpoint import load_model
 from .model.tokenizer import StreamPrinter, load_tokenizer
@@ -47,13 +47,13 @@ def run_demo(model: str | Path | None = None, drafter: str | Path | None = None,
     stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
     common = dict(max_new_tokens=max_new_tokens, stop_ids=stops)
     log("warming up both modes (8 tokens each)")
-    generate(target, ids, mode="ar", max_new_tokens=8, stop_ids=stops)
-    generate(target, ids, mode=mode, drafter=draft, max_new_tokens=8, stop_ids=stops)
+    generate(target, ids, max_new_tokens=8, stop_ids=stops, spec="ar")
+    generate(target, ids, drafter=draft, max_new_tokens=8, stop_ids=stops, spec=mode)
     log(f"decoding with ar (up to {max_new_tokens} tokens, not shown)")
-    ar = generate(target, ids, mode="ar", **common)
+    ar = generate(target, ids, spec="ar", **common)
     log(f"decoding with {mode}, streamed:")
     print(("" if chat else prompt), end="", file=out, flush=True)
-    spec = generate(target, ids, mode=mode, drafter=draft, stream=StreamPrinter(tok, out), **common)
+    spec = generate(target, ids, drafter=draft, stream=StreamPrinter(tok, out), spec=mode, **common)
     print(file=out)
     identical = spec.tokens == ar.tokens
     a, s = ar.stats, spec.stats

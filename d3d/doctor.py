@@ -124,8 +124,7 @@ def report() -> list[str]:
 
 def modes() -> list[str]:
     """What each ``generate`` mode would use with the bundled pair here (loads the 16M target)."""
-    from .decode.engines import d3d_settings
-    from .decode.overlap import default_mode
+    from .decode.config import SpecConfig, default_mode
     from .model.checkpoint import load_model
     from .cpu.linear import matmul_path
 
@@ -136,12 +135,10 @@ def modes() -> list[str]:
     lines = [f"  default {default_mode(target.device)} (generate and demo without --mode)",
              f"  ar      {target.weights} weights, matmuls: {matmul_path(target)}"]
     for mode in ("sync", "async"):
-        exact = target.int8_activations
-        s = d3d_settings(target.device, mode, exact, target.dtype, quantized=target.quantized)
-        used = {"sync": ("lookup", "leaves", "verify_min_prob"),
-                "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup")}[mode]
-        lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + ", ".join(f"{k} {s[k]}" for k in used)
-                     + f", exact {'on' if exact else 'off'}")
+        s = SpecConfig(mode).resolve(target.device, target.dtype, target.quantized, target.int8_activations)
+        used = {"sync": ("lookup", "leaves", "verify_min_prob", "exact"),
+                "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup", "exact")}[mode]
+        lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + " ".join(f"{k}={getattr(s, k)}" for k in used))
     lines.append(f"  dflash  drafter {BUNDLED_DFLASH}")
     return lines
 

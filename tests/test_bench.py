@@ -41,21 +41,22 @@ def tiny_pair(tmp_path_factory):
 def test_speculative_smoke(tiny_pair, tmp_path):
     out = tmp_path / "spec.json"
     bench_main(["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"),
-                "--n", "1", "--new-tokens", "6", "--block-size", "4", "--modes", "ar", "ar-fp32", "sync", "async", "async:none@0/3x2",
-                "sync~1", "sync~auto", "sync~0+lookup0+leaves3", "--sets", "code", "humaneval", "mtbench", "docs", "--out", str(out), "--plots", str(tmp_path / "plots")])
+                "--n", "1", "--new-tokens", "6", "--block-size", "4", "--modes", "ar", "ar-fp32", "sync", "async",
+                "async,overlap=none,successor_threshold=0,hypotheses=3,fanout=2", "sync,verify_min_prob=1",
+                "sync,verify_min_prob=auto", "sync,verify_min_prob=0,lookup=0,leaves=3", "--sets", "code", "humaneval", "mtbench", "docs", "--out", str(out), "--plots", str(tmp_path / "plots")])
     payload = json.loads(out.read_text())
     schema.validate(payload)
     # every requested set is either measured or reported missing with a reason; none vanishes
     assert set(payload["results"]) | set(payload["missing_sets"]) == {"code", "humaneval", "mtbench", "docs"}
-    assert "code" in payload["results"] and set(payload["results"]["code"]) == {"ar", "ar-fp32", "sync", "async", "async:none@0/3x2",
-                                                                                   "sync~1", "sync~auto",
-                                                                                   "sync~0+lookup0+leaves3"}
+    assert "code" in payload["results"] and set(payload["results"]["code"]) == {
+        "ar", "ar-fp32", "sync", "async", "async,overlap=none,successor_threshold=0,hypotheses=3,fanout=2",
+        "sync,verify_min_prob=1", "sync,verify_min_prob=auto", "sync,verify_min_prob=0,lookup=0,leaves=3"}
     code = payload["results"]["code"]
     fastest = max(code["ar"]["tok_s"], code["ar-fp32"]["tok_s"])
     assert code["sync"]["speedup_vs_fastest_ar"] == pytest.approx(code["sync"]["tok_s"] / fastest)
-    k3 = payload["results"]["code"]["async:none@0/3x2"]
+    k3 = payload["results"]["code"]["async,overlap=none,successor_threshold=0,hypotheses=3,fanout=2"]
     assert 0 < k3["hypotheses_per_round"] <= 3 and len(k3["hit_rate_by_accept"]) == 4
-    flags = payload["results"]["code"]["sync~0+lookup0+leaves3"]
+    flags = payload["results"]["code"]["sync,verify_min_prob=0,lookup=0,leaves=3"]
     assert flags["verified_drafts_per_round"] == 3 and flags["leaves_per_round"] == 3 and flags["lookup_rate"] == 0
     assert payload["results"]["code"]["sync"]["verified_drafts_per_round"] <= 3  # B - 1, less after short copies
     assert all(reason for reason in payload["missing_sets"].values())
@@ -248,13 +249,13 @@ def test_speculative_store_modes(tiny_pair, tmp_path):
     out = tmp_path / "spec.json"
     common = ["speculative", "--target", str(tiny_pair / "target"), "--drafter", str(tiny_pair / "drafter"), "--n", "1",
               "--new-tokens", "12", "--block-size", "4", "--sets", "code", "--dtype", "float32"]
-    bench_main(common + ["--modes", "ar", "sync+lookup0", "sync+lookup0+store", "sync+lookup0+store10",
+    bench_main(common + ["--modes", "ar", "sync,lookup=0", "sync,lookup=0,store=0", "sync,lookup=0,store=10",
                          "--datastore", str(tmp_path / "store"), "--out", str(out)])
     payload = json.loads(out.read_text())
     schema.validate(payload)
     res = payload["results"]["code"]
-    assert res["sync+lookup0"]["datastore_rate"] == 0 < res["sync+lookup0+store"]["datastore_rate"]
-    assert res["sync+lookup0+store"]["tau"] > res["sync+lookup0"]["tau"]
+    assert res["sync,lookup=0"]["datastore_rate"] == 0 < res["sync,lookup=0,store=0"]["datastore_rate"]
+    assert res["sync,lookup=0,store=0"]["tau"] > res["sync,lookup=0"]["tau"]
     assert all(r["identical_to_ar"] == 1 for r in res.values())
     with pytest.raises(SystemExit):
-        bench_main(common + ["--modes", "ar", "sync+store"])
+        bench_main(common + ["--modes", "ar", "sync,store=0"])

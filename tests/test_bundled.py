@@ -7,6 +7,7 @@ import torch
 
 import d3d
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, models_dir
+from d3d.decode.config import SpecConfig
 
 TARGET = models_dir() / BUNDLED_TARGET
 DRAFTER = models_dir() / BUNDLED_DRAFTER
@@ -47,7 +48,7 @@ def test_bundled_pair_is_lossless_and_drafts_well(target):
     ids = tok.encode("import os\n\n\ndef read_lines(path):\n    ")
     ar = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[])
     for mode in ("sync", "async"):
-        out = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[], mode=mode, drafter=drafter)
+        out = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[], drafter=drafter, spec=mode)
         assert out.tokens == ar.tokens
         assert out.stats.tau > 1.5  # measured 1.88 on this prompt; a random drafter gets ~1.0
 
@@ -59,7 +60,7 @@ def test_bundled_dflash_baseline_is_lossless(target):
     tok = d3d.load_tokenizer(TARGET)
     ids = tok.encode("import os\n\n\ndef read_lines(path):\n    ")
     ar = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[])
-    out = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[], mode="dflash", drafter=dflash)
+    out = d3d.generate(target, ids, max_new_tokens=64, stop_ids=[], drafter=dflash, spec="dflash")
     assert out.tokens == ar.tokens
     assert out.stats.tau > 1.2  # measured 1.48 on this prompt; a random drafter gets ~1.0
 
@@ -105,8 +106,8 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     leaves = not target.int8_activations  # with int8 activations verification is exact, which takes no leaves
     runs = (("sync", {}), ("sync", dict(leaves=4, lookup=0) if leaves else dict(lookup=0)), ("async", {}))
     for mode, kw in runs:
-        out = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids(), mode=mode,
-                           drafter=drafter, **kw)
+        out = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids(), drafter=drafter,
+                           spec=mode, **kw)
         assert out.tokens == ar.tokens, (mode, kw)
         assert out.stats.tau > (1.5 if leaves or "lookup" not in kw else 1.1)  # the drafter alone, no leaves: less
         hits += out.stats.leaf_hits
@@ -114,7 +115,7 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     assert (hits > 0) == leaves and copies > 0
     if not leaves:
         with pytest.raises(ValueError, match="leaves=4 with a target with int8 activations"):
-            d3d.generate(target, prompts, max_new_tokens=8, mode="sync", drafter=drafter, leaves=4)
+            d3d.generate(target, prompts, max_new_tokens=8, drafter=drafter, spec=SpecConfig(mode="sync", leaves=4))
 
 
 @pytest.mark.skipif(not (DRAFTER / "config.json").exists(), reason="bundled drafter not trained yet")
@@ -135,5 +136,6 @@ def test_bf16_exact_mode_equals_bf16_ar():
     for ids in prompts:
         ar = d3d.generate(target, ids, max_new_tokens=40, stop_ids=[])
         for mode in ("sync", "async"):
-            out = d3d.generate(target, ids, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, exact=True)
+            out = d3d.generate(target, ids, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                               spec=SpecConfig(mode=mode, exact=True))
             assert out.tokens == ar.tokens, mode

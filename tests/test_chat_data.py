@@ -85,7 +85,7 @@ def test_answers_stop_after_minutes_and_go_on_where_they_stopped(tmp_path, monke
     prompts = [[1 + i, 2 + i, 3] for i in range(5)]
 
     def answers(partial, minutes):
-        chunks = common.resumable_chunks(partial, 5, 2, lambda i, j: generate(target, prompts[i:j], 6, stop_ids=[]).tokens,
+        chunks = common.resumable_chunks(partial, 5, 2, lambda i, j: generate(target, prompts[i:j], max_new_tokens=6, stop_ids=[]).tokens,
                                          "answers", "tok", lambda rows: sum(map(len, rows)), minutes, lambda *_: None)
         return [a for rows in chunks for a in rows]
 

@@ -13,6 +13,7 @@ from d3d.model.config import ModelConfig
 from d3d.decode.engines import generate
 
 from helpers import make_hf_model, save_hf
+from d3d.decode.config import Sampling, SpecConfig
 
 
 @pytest.fixture
@@ -94,11 +95,13 @@ def test_config_json_not_json(ckpt):
     (dict(prompt_ids=list(range(60)), max_new_tokens=10), "exceeds the model's max_position_embeddings=64"),
     (dict(prompt_ids=[1], max_new_tokens=0), "max_new_tokens=0"),
     (dict(prompt_ids=[1], max_new_tokens=-3), "max_new_tokens=-3"),
-    (dict(prompt_ids=[1], temperature=-0.5), "temperature=-0.5"),
-    (dict(prompt_ids=[1], temperature=float("nan")), "temperature=nan"),
-    (dict(prompt_ids=[1], top_p=1.5), "top_p=1.5"),
-    (dict(prompt_ids=[1], top_k=0), "top_k=0"),
-    (dict(prompt_ids=[1], mode="warp"), "mode='warp'"),
+    (dict(prompt_ids=[1], sampling=Sampling(temperature=-0.5)), "temperature=-0.5"),
+    (dict(prompt_ids=[1], sampling=Sampling(temperature=float("nan"))), "temperature=nan"),
+    (dict(prompt_ids=[1], sampling=Sampling(top_p=1.5)), "top_p=1.5"),
+    (dict(prompt_ids=[1], sampling=Sampling(top_k=0)), "top_k=0"),
+    (dict(prompt_ids=[1], spec=SpecConfig("warp")), "mode='warp'"),
+    (dict(prompt_ids=[1], spec="sync leaves=-1"), "leaves=-1"),
+    (dict(prompt_ids=[1], spec="sync lookahead=3"), "'lookahead=3' is not NAME=VALUE"),
 ])
 def test_bad_generate_arguments(ckpt, kwargs, message):
     model = load_model(ckpt)

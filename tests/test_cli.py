@@ -68,11 +68,20 @@ def test_generate_leaves_and_lookup_explained_and_checked(capsys):
     assert code == 0 and "(drafts cut where their joint estimate < 0.05)" in out  # the prior, before measuring
     with pytest.raises(SystemExit) as e:
         main(["generate", "--prompt", "x", "--mode", "sync", "--verify-min-prob", "sometimes"])
-    assert e.value.code == 2 and "expected a probability in [0, 1] or auto, got sometimes" in capsys.readouterr().err
+    assert e.value.code == 2 and "verify_min_prob='sometimes': expected a probability in [0, 1] or auto" in capsys.readouterr().err
     for bad, what in ((["--leaves", "-1"], "leaves=-1"), (["--leaves", "2", "--exact"], "exact=True with leaves=2"),
                       (["--lookup", "-2"], "lookup=-2")):
-        code, _, err = run_cli(["generate", "--prompt", "x", "--mode", "sync", "--max-new-tokens", "4", *bad], capsys)
+        try:  # a bad value is refused by the flag's parser (SystemExit 2) or by the engine (exit status 2)
+            code = main(["generate", "--prompt", "x", "--mode", "sync", "--max-new-tokens", "4", *bad])
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
         assert code == 2 and what in err, err
+    code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "12", "--json",
+                            "--spec", "sync lookup=0 leaves=0", "--leaves", "1"], capsys)
+    assert code == 0 and json.loads(out)["spec"] == "sync lookup=0 leaves=1"  # a flag overrides --spec's knob
+    code, _, err = run_cli(["generate", "--prompt", "x", "--spec", "sync", "--mode", "async"], capsys)
+    assert code == 2 and "name different modes" in err
 
 
 @pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")

@@ -9,6 +9,7 @@ import torch
 
 from d3d.decode.datastore import SEPARATOR, Datastore, load_datastore, majority_walk, sorted_starts
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
+from d3d.decode.config import SpecConfig
 
 
 def oracle_chain(docs, context, max_len, min_ngram, max_ngram, min_confidence=0.0):
@@ -111,34 +112,36 @@ def test_greedy_with_a_datastore_equals_ar(mode):
     drafter = random_drafter(target, 5, seed=22)
     store = own_text_store(target, OTHER, min_ngram=2)
     ref = reference(target, PROMPTS, 40)
-    plain = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, lookup=0)
+    plain = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                     spec=SpecConfig(mode=mode, lookup=0))
     rounds = []
-    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, lookup=0,
-                   datastore=store, on_round=rounds.append)
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                   spec=SpecConfig(mode=mode, lookup=0, datastore=store))
     assert out.tokens == plain.tokens == ref
     assert 0 < out.stats.datastore_drafts < out.stats.rounds and out.stats.lookup_drafts == 0
     assert out.stats.tau > plain.stats.tau  # the target's own continuations are accepted
     stored = [r for r in rounds if r.stored]
     assert len(stored) == out.stats.datastore_drafts and all(r.copied and not r.sync_draft_seconds for r in stored)
     for p, r in zip(PROMPTS, ref):  # batch of one: chains of their own length
-        assert generate(target, p, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter,
-                        datastore=store).tokens == [r]
+        assert generate(target, p, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                        spec=SpecConfig(mode=mode, datastore=store)).tokens == [r]
 
 
 def test_the_context_copy_comes_first_and_verify_min_prob_cuts_store_chains():
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
     store = own_text_store(target, OTHER, min_ngram=1)
-    both = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=1,
-                    datastore=store)
-    alone = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=1)
+    both = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                    spec=SpecConfig(mode="sync", lookup=1, datastore=store))
+    alone = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                     spec=SpecConfig(mode="sync", lookup=1))
     assert both.tokens == alone.tokens and both.stats.lookup_drafts > 0 and both.stats.datastore_drafts > 0
     assert both.stats.lookup_drafts + both.stats.datastore_drafts <= both.stats.rounds
     unsure = own_text_store(target, OTHER + [[t] for t in range(13)] * 3, min_ngram=1)  # confidences < 1
-    cut = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=0,
-                   datastore=unsure, verify_min_prob=0.99)
-    full = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=0,
-                    datastore=unsure, verify_min_prob=0.0)
+    cut = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode="sync", lookup=0, verify_min_prob=0.99, datastore=unsure))
+    full = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                    spec=SpecConfig(mode="sync", lookup=0, verify_min_prob=0.0, datastore=unsure))
     assert cut.tokens == full.tokens and cut.stats.verified_drafts < full.stats.verified_drafts
 
 
@@ -160,9 +163,10 @@ def test_datastore_errors_are_named(tmp_path):
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
     with pytest.raises(ValueError, match="datastore: expected a d3d.decode.datastore.Datastore"):
-        library_generate(target, [1, 2], max_new_tokens=3, mode="sync", drafter=drafter, datastore=[[1, 2]])
+        library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter,
+                         spec=SpecConfig(mode="sync", datastore=[[1, 2]]))
     with pytest.raises(ValueError, match="datastore with mode='ar'"):
-        library_generate(target, [1, 2], max_new_tokens=3, datastore=Datastore([[1, 2]]))
+        library_generate(target, [1, 2], max_new_tokens=3, spec=SpecConfig(datastore=Datastore([[1, 2]])))
     other = tiny_target(seed=99)
     store = AnswerStore(tmp_path / "s", target_fingerprint(other), 8)
     store.prepare()

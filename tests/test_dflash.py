@@ -90,11 +90,11 @@ def _layout(cache):
 def test_greedy_dflash_equals_ar(block_size, layers):
     target = tiny_target(seed=3)
     d = make_dflash(target, layers=layers, block_size=block_size, seed=4)
-    out = generate(target, PROMPTS, max_new_tokens=25, stop_ids=[], mode="dflash", drafter=d)
+    out = generate(target, PROMPTS, max_new_tokens=25, stop_ids=[], drafter=d, spec="dflash")
     assert out.tokens == reference(target, PROMPTS, 25)
     assert out.stats.rounds >= 25 * len(PROMPTS) // block_size
     with pytest.raises(ValueError, match="needs a D3D drafter"):
-        generate(target, PROMPTS, max_new_tokens=4, mode="sync", drafter=d)
+        generate(target, PROMPTS, max_new_tokens=4, drafter=d, spec="sync")
 
 
 def test_save_load_round_trip(tmp_path):

@@ -16,6 +16,7 @@ from d3d.train.target import train_target
 
 from test_engines import V as V_TEST, random_drafter, tiny_target
 from test_train_target import tiny_config
+from d3d.decode.config import SpecConfig
 
 
 def hand_mask(L, B, clean):
@@ -169,7 +170,7 @@ def test_pipeline_learns_a_toy_corpus(tmp_path):
     prompt = tok.encode("def add_5(a, b):\n")
     ar = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[])
     for mode in ("sync", "async"):
-        out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter)
+        out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], drafter=drafter, spec=mode)
         assert out.tokens == ar.tokens
         assert out.stats.tau > 2.0
 
@@ -235,8 +236,8 @@ def test_reduced_vocab_is_lossless_and_round_trips(tmp_path, steps, tied):
     prompt = [[1, 2, 3, 4], [5, 6]]
     ar = d3d.generate(target, prompt, max_new_tokens=20, stop_ids=[])
     for mode in ("sync", "async"):
-        out = d3d.generate(target, prompt, max_new_tokens=20, stop_ids=[], mode=mode, drafter=again,
-                           successor_threshold=0.0)
+        out = d3d.generate(target, prompt, max_new_tokens=20, stop_ids=[], drafter=again,
+                           spec=SpecConfig(mode=mode, successor_threshold=0.0))
         assert out.tokens == ar.tokens
 
 
@@ -434,7 +435,7 @@ def test_pipeline_learns_from_teacher_labels(tmp_path):
     target = d3d.load_model(tcfg.out)
     drafter = d3d.load_drafter(cfg.out, target=target)
     prompt = d3d.load_tokenizer(tcfg.out).encode("def add_5(a, b):\n")
-    out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter)
+    out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], drafter=drafter, spec="sync")
     assert out.tokens == d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[]).tokens
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,8 @@ import d3d.decode.speculative as speculative
 from d3d.model.cache import KVCache
 from d3d.model.config import ModelConfig
 from d3d.draft.drafter import Block, Drafter, DrafterConfig, Drafts, drafter_model_config
-from d3d.decode.engines import d3d_settings, generate as _generate
+from d3d.decode.config import Sampling, SpecConfig, as_spec, defaults
+from d3d.decode.engines import generate as _generate
 from d3d.decode.engines import generate as library_generate
 from d3d.kernels import skinny
 from d3d.model.transformer import Transformer
@@ -20,17 +22,23 @@ from d3d.model.transformer import Transformer
 V = 48
 
 
-def generate(*args, **kw):
+TEST_DEFAULTS = dict(successor_threshold=0.0, lookup=0, verify_min_prob=0.05)
+KNOBS = {f.name for f in dataclasses.fields(SpecConfig)}
+
+
+def generate(*args, spec=None, **kw):
     """These tests exercise the full D3D async path: a successor every round unless a test says
     otherwise (the library's CPU default skips unlikely successors, tested separately), and every
     draft from the drafter (copied drafts, sync's default, are tested in test_lookup.py), and
     drafts cut at a fixed joint probability of 0.05 (the CPU default "auto" measures it as it runs,
-    so its rounds depend on timing: test_row_price.py)."""
-    if kw.get("mode", "ar") != "ar":
-        kw.setdefault("successor_threshold", 0.0)
-        kw.setdefault("lookup", 0)
-        kw.setdefault("verify_min_prob", 0.05)
-    return _generate(*args, **kw)
+    so its rounds depend on timing: test_row_price.py). Parametrized helpers may pass the knobs as
+    keywords (``mode="sync", leaves=3``): they are folded into ``spec``."""
+    spec = as_spec(spec)
+    knobs = {k: kw.pop(k) for k in list(kw) if k in KNOBS}
+    spec = spec.replace(**knobs) if knobs else spec
+    if spec.mode != "ar":
+        spec = spec.replace(**{k: v for k, v in TEST_DEFAULTS.items() if getattr(spec, k) is None})
+    return _generate(*args, spec=spec, **kw)
 
 
 def tiny_target(seed=0, vocab=V, std=0.6):
@@ -142,7 +150,8 @@ def test_greedy_equals_ar(mode, kind, block_size):
     else:  # the oracle knows the continuation past the end too, so its last guesses are right as well
         longer = reference(target, PROMPTS, 30 + 2 * block_size)
         drafter = OracleDrafter([p + r for p, r in zip(PROMPTS, longer)], block_size, V, wrong=kind == "wrong")
-    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, block_size=block_size)
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode=mode, block_size=block_size))
     assert out.tokens == ref
     s = out.stats
     if kind == "right":
@@ -160,34 +169,35 @@ def test_greedy_equals_ar(mode, kind, block_size):
 def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     """verify_min_prob: the target verifies only the drafts the drafter believes in (the longest
     such run over the batch) — fewer verified rows, the same output; 1.0 verifies none (AR steps);
-    the CPU default measures the threshold as it runs ("auto", ``default_verify_min_prob``)."""
+    the CPU default measures the threshold as it runs ("auto", ``d3d.decode.config.defaults``)."""
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
-    full = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, verify_min_prob=0)
-    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
-                   verify_min_prob=min_prob, leaves=0)  # leaves would lift τ above 1 at min_prob 1.0
+    full = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
+                    spec=SpecConfig(mode=mode, verify_min_prob=0))
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode=mode, leaves=0, verify_min_prob=min_prob))  # leaves would lift τ above 1 at min_prob 1.0
     assert out.tokens == full.tokens == reference(target, PROMPTS, 30)
     per_round = out.stats.verified_drafts / out.stats.rounds
     assert full.stats.verified_drafts == 4 * full.stats.rounds and per_round < 4
     if min_prob == 1.0:
         assert out.stats.verified_drafts == 0 and out.stats.tau == 1.0
-    default = library_generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
-                               lookup=0, on_round=(seen := []).append)
+    default = library_generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
+                               on_round=(seen := []).append, spec=SpecConfig(mode=mode, lookup=0))
     assert default.tokens == full.tokens and seen[0].min_prob == 0.05  # auto: the prior, then measured
-    assert d3d_settings(torch.device("cpu"), mode, False)["verify_min_prob"] == "auto"
-    # leaves: where a row costs time (fp32 on a CPU through oneDNN) none; where rows are about free two (sync)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    resolve = lambda device, dtype, **kw: SpecConfig(mode, **kw).resolve(device, dtype)  # noqa: E731
+    assert resolve(cpu, torch.float32).verify_min_prob == "auto"
+    # leaves: where a row costs time (fp32 on a CPU through oneDNN) none; where rows are about free two (sync)
     fp32_leaves = 2 if mode == "sync" and skinny.wanted() else 0
-    assert d3d_settings(cpu, mode, False, torch.float32)["leaves"] == fp32_leaves
-    assert d3d_settings(cpu, mode, False, torch.bfloat16)["leaves"] == d3d_settings(cuda, mode, False,
-                                                                                   torch.float32)["leaves"] == \
-        (2 if mode == "sync" else 0)
-    assert d3d_settings(cpu, mode, False, torch.float32, leaves=3)["leaves"] == 3
+    assert resolve(cpu, torch.float32).leaves == fp32_leaves
+    assert resolve(cpu, torch.bfloat16).leaves == resolve(cuda, torch.float32).leaves == (2 if mode == "sync" else 0)
+    assert resolve(cpu, torch.float32, leaves=3).leaves == 3
     if mode == "sync":  # quantized weights: 2 leaves whatever the dense fp32 matmul (validation, docs/results/quant/)
-        assert d3d_settings(cpu, mode, False, torch.float32, quantized=True)["leaves"] == 2
+        assert SpecConfig(mode).resolve(cpu, torch.float32, quantized=True).leaves == 2
     assert default.stats.verified_leaves <= fp32_leaves * default.stats.rounds  # the tiny target is fp32 on a CPU
     with pytest.raises(ValueError, match="verify_min_prob=1.5"):
-        generate(target, PROMPTS, max_new_tokens=3, mode=mode, drafter=drafter, verify_min_prob=1.5)
+        generate(target, PROMPTS, max_new_tokens=3, drafter=drafter,
+                 spec=SpecConfig(mode=mode, verify_min_prob=1.5))
 
 
 def test_likely_length_is_the_run_believed_in_jointly():
@@ -216,7 +226,7 @@ def test_batch_one_each_prompt_alone(mode):
     target = tiny_target(seed=3)
     drafter = random_drafter(target, 5, seed=4)
     for p in PROMPTS:
-        assert generate(target, p, max_new_tokens=23, stop_ids=[], mode=mode, drafter=drafter).tokens == \
+        assert generate(target, p, max_new_tokens=23, stop_ids=[], drafter=drafter, spec=mode).tokens == \
             reference(target, [p], 23)
 
 
@@ -230,13 +240,13 @@ def test_stop_tokens_and_max_new_tokens_inside_a_block(mode):
     assert expected[0][-1] == stop and len(expected[0]) == free[0].index(stop) + 1
     for block_size in (4, 16):
         oracle = OracleDrafter(refs, block_size, V)  # stops fall inside fully accepted blocks
-        out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[stop], mode=mode, drafter=oracle,
-                       block_size=block_size)
+        out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[stop], drafter=oracle,
+                       spec=SpecConfig(mode=mode, block_size=block_size))
         assert out.tokens == expected
         assert out.stats.stopped[0]
         # max_new_tokens that is not a multiple of the block: cut exactly
-        out = generate(target, PROMPTS, max_new_tokens=13, stop_ids=[], mode=mode,
-                       drafter=OracleDrafter(refs, block_size, V), block_size=block_size)
+        out = generate(target, PROMPTS, max_new_tokens=13, stop_ids=[], drafter=OracleDrafter(refs, block_size, V),
+                       spec=SpecConfig(mode=mode, block_size=block_size))
         assert out.tokens == [r[:13] for r in free]
 
 
@@ -247,9 +257,9 @@ def test_async_overlap_strategies_agree_and_explain_rounds(hypotheses):
     target = tiny_target(seed=6)
     drafter = random_drafter(target, 4, seed=7)
     rounds = []
-    outs = {ov: generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="async", drafter=drafter,
-                         overlap=ov, on_round=rounds.append if ov == "none" else None, hypotheses=hypotheses,
-                         fanout=2)
+    outs = {ov: generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                         on_round=rounds.append if ov == "none" else None,
+                         spec=SpecConfig(mode="async", hypotheses=hypotheses, fanout=2, overlap=ov))
             for ov in ("packed", "none")}
     assert outs["packed"].tokens == outs["none"].tokens == reference(target, PROMPTS, 40)
     assert outs["packed"].stats.accept_hist == outs["none"].stats.accept_hist
@@ -274,8 +284,8 @@ def test_no_memory_growth_over_many_rounds(monkeypatch, overlap):
     drafter = random_drafter(target, 4, seed=9)
     overlap, _, kf = overlap.partition("/")
     kw = dict(hypotheses=8, fanout=3) if kf else {}
-    out = generate(target, [1, 2, 3], max_new_tokens=400, stop_ids=[], mode="async", drafter=drafter,
-                   overlap=overlap, **kw)
+    out = generate(target, [1, 2, 3], max_new_tokens=400, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode="async", overlap=overlap), **kw)
     assert out.stats.rounds > 100 and out.stats.successor_passes > 100
     assert len(seen) == 2  # one target cache, one drafter cache
     for cache, ptrs, shapes in seen.values():
@@ -288,20 +298,20 @@ def test_successor_threshold_gates_the_successor_pass():
     target = tiny_target(seed=15)
     drafter = random_drafter(target, 4, seed=16)
     ref = reference(target, PROMPTS, 24)
-    always = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter)
+    always = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], drafter=drafter, spec="async")
     seen = []
-    generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter, on_round=seen.append)
+    generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], drafter=drafter, on_round=seen.append, spec="async")
     total = lambda r: sum(h.score for h in r.hypotheses)  # noqa: E731  (estimated hit probability)
     threshold = sorted(total(r) for r in seen)[len(seen) // 2]  # a gate that must both pass and skip rows
     rounds = []
-    gated = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter,
-                     successor_threshold=threshold, on_round=rounds.append)
+    gated = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                     spec=SpecConfig(mode="async", successor_threshold=threshold))
     drafted = [r.draft_span is not None for r in rounds]
     assert gated.tokens == ref and 0 < sum(drafted) < len(drafted)
     assert drafted == [total(r) >= threshold for r in rounds]  # exactly the promising rows get hypotheses
     assert gated.stats.successor_passes == sum(drafted)
-    never = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], mode="async", drafter=drafter,
-                     successor_threshold=1.01)
+    never = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], drafter=drafter,
+                     spec=SpecConfig(mode="async", successor_threshold=1.01))
     assert always.tokens == never.tokens == ref
     assert always.stats.successor_passes == always.stats.rounds
     assert never.stats.successor_passes == 0 and never.stats.successor_hits == 0
@@ -310,12 +320,12 @@ def test_successor_threshold_gates_the_successor_pass():
 def test_drafter_required_and_checked():
     target = tiny_target()
     with pytest.raises(ValueError, match="needs a drafter"):
-        generate(target, [1, 2], mode="sync")
+        generate(target, [1, 2], spec="sync")
     other = tiny_target(vocab=V + 1)
     with pytest.raises(ValueError, match="vocab_size"):
-        generate(target, [1, 2], mode="sync", drafter=random_drafter(other))
+        generate(target, [1, 2], drafter=random_drafter(other), spec="sync")
     with pytest.raises(ValueError, match="block_size"):
-        generate(target, [1, 2], mode="sync", drafter=random_drafter(target), block_size=1)
+        generate(target, [1, 2], drafter=random_drafter(target), spec=SpecConfig(mode="sync", block_size=1))
 
 
 # ------------------------------------------------------------------ T > 0: distribution test
@@ -357,7 +367,8 @@ def assert_samples_follow_target(target, prompt, monkeypatch, n=4000, **kw):
     T (accepts a draft iff it is the target's argmax: the negative control) must fail it. Returns the
     unbiased output (for its statistics)."""
     p2, p3 = exact_marginals(target, prompt, target.cfg.vocab_size)
-    out = generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[], **kw)
+    out = generate(target, [prompt] * n, max_new_tokens=3, stop_ids=[], sampling=Sampling(temperature=1.0, seed=5),
+                   **kw)
     toks = torch.tensor(out.tokens)
     for col, probs in ((1, p2), (2, p3)):
         stat, dof = chi2(toks[:, col], probs)
@@ -365,8 +376,8 @@ def assert_samples_follow_target(target, prompt, monkeypatch, n=4000, **kw):
     with monkeypatch.context() as m:
         real_accept = speculative.accept
         m.setattr(speculative, "accept", lambda d, lg, temperature=0.0, seed=0: real_accept(d, lg, temperature=0.0))
-        biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, temperature=1.0, seed=5, stop_ids=[],
-                                       **kw).tokens)
+        biased = torch.tensor(generate(target, [prompt] * n, max_new_tokens=3, stop_ids=[],
+                                       sampling=Sampling(temperature=1.0, seed=5), **kw).tokens)
     stat, dof = chi2(biased[:, 1], p2)
     assert stat > chi2_threshold(dof), f"biased control passed: chi2 {stat:.1f} with {dof} dof"
     return out
@@ -417,7 +428,8 @@ def test_exact_rejects_the_packed_overlap():
     target = tiny_target()
     drafter = random_drafter(target)
     with pytest.raises(ValueError, match="exact=True needs"):
-        generate(target, [1, 2, 3], max_new_tokens=4, mode="async", drafter=drafter, overlap="packed", exact=True)
+        generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter,
+                 spec=SpecConfig(mode="async", overlap="packed", exact=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -431,7 +443,8 @@ def test_exact_greedy_equals_ar_in_every_dtype(dtype, mode):
     drafter.model.to(dtype).pack_for_cpu()
     prompts = [[1, 2, 3, 4, 5], [7, 7, 7], [9, 3, 5, 1, 2, 8, 8]]
     ar = generate(target, prompts, max_new_tokens=40, stop_ids=[])
-    out = generate(target, prompts, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, exact=True)
+    out = generate(target, prompts, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode=mode, exact=True))
     assert out.tokens == ar.tokens
 
 
@@ -486,7 +499,8 @@ def test_stream_overlap_reads_nothing_back_before_verification_is_queued(monkeyp
     monkeypatch.setattr(target, "forward", quiet(target.forward, "verify"))
     monkeypatch.setattr(drafter.model, "forward", quiet(drafter.model.forward))
     ref = reference(target, PROMPTS, 16)
-    out = generate(target, PROMPTS, max_new_tokens=16, stop_ids=[], mode="async", drafter=drafter, overlap="stream")
+    out = generate(target, PROMPTS, max_new_tokens=16, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode="async", overlap="stream"))
     assert out.tokens == ref and out.stats.successor_passes > 0
     starts = [i for i, e in enumerate(events) if e == "successor"]
     assert len(starts) == out.stats.target_forwards - 1  # every verification had a successor beside it
@@ -504,8 +518,8 @@ def test_hypotheses_catch_rejections(hypotheses):
     longer = reference(target, PROMPTS, 40 + 2 * block)
     oracle = OracleDrafter([p + r for p, r in zip(PROMPTS, longer)], block, V, wrong_every=5)
     rounds = []
-    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="async", drafter=oracle, block_size=block,
-                   hypotheses=hypotheses, fanout=1, on_round=rounds.append)
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=oracle, on_round=rounds.append,
+                   spec=SpecConfig(mode="async", block_size=block, hypotheses=hypotheses, fanout=1))
     assert out.tokens == reference(target, PROMPTS, 40)
     s = out.stats
     early = sum(s.hits_by_accept[:block - 1])  # hits of outcomes with a rejected draft
@@ -526,10 +540,10 @@ def test_async_rounds_equal_sync_rounds():
     drafter = random_drafter(target, 4, seed=26)
     sync_rounds, async_rounds = [], []
     ref = reference(target, PROMPTS, 60)
-    sync = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], mode="sync", drafter=drafter,
-                    on_round=sync_rounds.append, leaves=0)  # async's default: no leaves
-    out = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], mode="async", drafter=drafter, hypotheses=8,
-                   fanout=3, on_round=async_rounds.append)
+    sync = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], drafter=drafter, on_round=sync_rounds.append,
+                    spec=SpecConfig(mode="sync", leaves=0))  # async's default: no leaves
+    out = generate(target, PROMPTS, max_new_tokens=60, stop_ids=[], drafter=drafter, on_round=async_rounds.append,
+                   spec=SpecConfig(mode="async", hypotheses=8, fanout=3))
     assert sync.tokens == out.tokens == ref
     key = lambda r: (r.seq, r.draft, r.accepted, r.bonus)  # noqa: E731
     assert sorted(map(key, sync_rounds)) == sorted(map(key, async_rounds))

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent('''
     drafter = Drafter(Transformer(drafter_model_config(target.cfg, 1, dcfg)).eval(), dcfg)
     ar = d3d.generate(target, [1, 2, 3], max_new_tokens=12, stop_ids=[])
     for mode in ("sync", "async"):
-        out = d3d.generate(target, [1, 2, 3], max_new_tokens=12, stop_ids=[], mode=mode, drafter=drafter)
+        out = d3d.generate(target, [1, 2, 3], max_new_tokens=12, stop_ids=[], spec=mode, drafter=drafter)
         assert out.tokens == ar.tokens, mode
     os.environ["D3D_KERNELS"] = "triton"
     q = torch.randn(2, 4, 16)

@@ -11,6 +11,7 @@ from d3d.decode.hypotheses import Hypothesis, bonus_leaves
 from d3d.kernels import skinny
 from test_engines import (PROMPTS, V, OracleDrafter, assert_samples_follow_target, generate, random_drafter,
                           reference, tiny_target)
+from d3d.decode.config import SpecConfig
 
 
 def test_bonus_leaves_rank_the_proposed_bonuses():
@@ -93,10 +94,10 @@ def test_greedy_with_leaves_equals_ar(mode, block_size, min_prob):
     target = tiny_target(seed=21)
     drafter = random_drafter(target, block_size, seed=22)
     ref = reference(target, PROMPTS, 30)
-    plain = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
-                     verify_min_prob=min_prob, leaves=0)
-    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter,
-                   verify_min_prob=min_prob, leaves=6)
+    plain = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
+                     spec=SpecConfig(mode=mode, leaves=0, verify_min_prob=min_prob))
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode=mode, leaves=6, verify_min_prob=min_prob))
     assert plain.tokens == out.tokens == ref
     s = out.stats
     assert plain.stats.leaf_hits == plain.stats.verified_leaves == 0
@@ -113,9 +114,9 @@ def test_every_unsure_rejection_is_caught_by_a_leaf(mode):
     free = reference(target, PROMPTS, 40)
     refs = [p + r for p, r in zip(PROMPTS, reference(target, PROMPTS, 60))]
     rounds = []
-    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode=mode, verify_min_prob=0.0,
-                   drafter=OracleDrafter(refs, 8, V, wrong_every=3), block_size=8, leaves=1,
-                   on_round=rounds.append)
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[],
+                   drafter=OracleDrafter(refs, 8, V, wrong_every=3), on_round=rounds.append,
+                   spec=SpecConfig(mode=mode, block_size=8, leaves=1, verify_min_prob=0.0))
     assert out.tokens == free
     hits = [r for r in rounds if r.leaf is not None]
     assert out.stats.leaf_hits == len(hits) > 0
@@ -132,9 +133,11 @@ def test_leaves_keep_stop_tokens_and_max_new_tokens(mode):
     stop = free[0][9]
     expected = reference(target, PROMPTS, 40, stops=[stop])
     drafter = random_drafter(target, 4, seed=3)
-    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[stop], mode=mode, drafter=drafter, leaves=5)
+    out = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[stop], drafter=drafter,
+                   spec=SpecConfig(mode=mode, leaves=5))
     assert out.tokens == expected and out.stats.stopped[0]
-    out = generate(target, PROMPTS, max_new_tokens=13, stop_ids=[], mode=mode, drafter=drafter, leaves=5)
+    out = generate(target, PROMPTS, max_new_tokens=13, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode=mode, leaves=5))
     assert out.tokens == [r[:13] for r in free]
 
 
@@ -143,8 +146,8 @@ def test_leaves_through_every_async_overlap():
     target = tiny_target(seed=6)
     drafter = random_drafter(target, 4, seed=7)
     ref = reference(target, PROMPTS, 40)
-    outs = {ov: generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], mode="async", drafter=drafter,
-                         overlap=ov, hypotheses=4, fanout=2, leaves=3)
+    outs = {ov: generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                         spec=SpecConfig(mode="async", leaves=3, hypotheses=4, fanout=2, overlap=ov))
             for ov in ("packed", "none")}
     assert all(o.tokens == ref for o in outs.values())
     assert len({o.stats.leaf_hits for o in outs.values()}) == 1 and outs["none"].stats.leaf_hits > 0
@@ -164,8 +167,8 @@ def test_default_leaves_two_for_sync_none_for_async_exact_or_fp32_on_onednn(monk
     half_drafter.model.to(torch.bfloat16)
     for model, d, mode, exact, per_round in ((target, drafter, "sync", False, fp32_leaves), (half, half_drafter, "sync", False, 2),
                                              (half, half_drafter, "async", False, 0), (half, half_drafter, "sync", True, 0)):
-        s = generate(model, PROMPTS, max_new_tokens=12, stop_ids=[], mode=mode, drafter=d, exact=exact,
-                     verify_min_prob=0.0).stats
+        s = generate(model, PROMPTS, max_new_tokens=12, stop_ids=[], drafter=d,
+                     spec=SpecConfig(mode=mode, verify_min_prob=0.0, exact=exact)).stats
         assert s.verified_leaves == per_round * s.rounds, (model.dtype, mode, exact)
 
 
@@ -174,9 +177,10 @@ def test_leaves_arguments_checked():
     drafter = random_drafter(target)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match=f"leaves={bad!r}: must be an integer >= 0"):
-            generate(target, [1, 2, 3], max_new_tokens=4, mode="sync", drafter=drafter, leaves=bad)
+            generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter, spec=SpecConfig(mode="sync", leaves=bad))
     with pytest.raises(ValueError, match="exact=True with leaves=2"):
-        generate(target, [1, 2, 3], max_new_tokens=4, mode="sync", drafter=drafter, leaves=2, exact=True)
+        generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter,
+                 spec=SpecConfig(mode="sync", leaves=2, exact=True))
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

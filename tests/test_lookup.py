@@ -9,6 +9,7 @@ import torch
 
 from d3d.decode.lookup import LONG, LONG_MATCH, SHORT_MATCH, copy_confidence, lookup_chain, lookup_copy
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
+from d3d.decode.config import SpecConfig
 
 
 def test_lookup_chain_copies_after_the_longest_most_recent_match():
@@ -50,14 +51,15 @@ def test_greedy_with_lookup_equals_ar(mode, ngram):
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
     ref = reference(target, REPEATING, 40)
-    plain = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter)
-    out = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter, lookup=ngram)
+    plain = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], drafter=drafter, spec=mode)
+    out = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode=mode, lookup=ngram))
     assert out.tokens == plain.tokens == ref
     assert plain.stats.lookup_drafts == 0 < out.stats.lookup_drafts < out.stats.rounds
     assert out.stats.tau > plain.stats.tau
     for p, r in zip(REPEATING, ref):  # batch of one: chains of their own length
-        assert generate(target, p, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter,
-                        lookup=ngram).tokens == [r]
+        assert generate(target, p, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                        spec=SpecConfig(mode=mode, lookup=ngram)).tokens == [r]
 
 
 def test_default_lookup_three_for_sync_none_for_async():
@@ -65,20 +67,20 @@ def test_default_lookup_three_for_sync_none_for_async():
 
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
-    sync = library_generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter,
-                            verify_min_prob=0.05)  # as the helper below: auto's rounds depend on timing
-    three = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode="sync", drafter=drafter, lookup=3)
+    sync = library_generate(target, REPEATING, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                            spec=SpecConfig(mode="sync", verify_min_prob=0.05))  # as the helper below: auto's rounds depend on timing
+    three = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                     spec=SpecConfig(mode="sync", lookup=3))
     assert sync.stats.lookup_drafts == three.stats.lookup_drafts > 0
-    assert library_generate(target, REPEATING, max_new_tokens=40, stop_ids=[], mode="async", drafter=drafter
-                            ).stats.lookup_drafts == 0
+    assert library_generate(target, REPEATING, max_new_tokens=40, stop_ids=[], drafter=drafter, spec="async").stats.lookup_drafts == 0
 
 
 def test_copied_rounds_are_reported():
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
     rounds = []
-    out = generate(target, REPEATING[:1], max_new_tokens=30, stop_ids=[], mode="async", drafter=drafter, lookup=1,
-                   on_round=rounds.append)
+    out = generate(target, REPEATING[:1], max_new_tokens=30, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                   spec=SpecConfig(mode="async", lookup=1))
     copied = [r for r in rounds if r.copied]
     assert len(copied) == out.stats.lookup_drafts > 0
     # their confidence is the estimate's (d3d.decode.lookup), not certainty
@@ -93,16 +95,16 @@ def test_lookup_with_exact_stops_and_bad_values():
     drafter = random_drafter(target, 4, seed=3)
     drafter.model.to(torch.bfloat16).pack_for_cpu()
     ar = generate(target, REPEATING, max_new_tokens=30, stop_ids=[])
-    out = generate(target, REPEATING, max_new_tokens=30, stop_ids=[], mode="sync", drafter=drafter, exact=True,
-                   lookup=2)
+    out = generate(target, REPEATING, max_new_tokens=30, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode="sync", lookup=2, exact=True))
     assert out.tokens == ar.tokens and out.stats.lookup_drafts > 0  # bit-exact in bf16 too
     stop = ar.tokens[0][7]
     expected = generate(target, REPEATING, max_new_tokens=30, stop_ids=[stop]).tokens
-    assert generate(target, REPEATING, max_new_tokens=30, stop_ids=[stop], mode="sync", drafter=drafter,
-                    lookup=1).tokens == expected
+    assert generate(target, REPEATING, max_new_tokens=30, stop_ids=[stop], drafter=drafter,
+                    spec=SpecConfig(mode="sync", lookup=1)).tokens == expected
     for bad in (-1, 2.0):
         with pytest.raises(ValueError, match=f"lookup={bad!r}: must be an integer >= 0"):
-            generate(target, [1, 2], max_new_tokens=3, mode="sync", drafter=drafter, lookup=bad)
+            generate(target, [1, 2], max_new_tokens=3, drafter=drafter, spec=SpecConfig(mode="sync", lookup=bad))
 
 
 def test_sampling_with_lookup_follows_the_target_distribution(monkeypatch):

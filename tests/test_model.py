@@ -10,6 +10,7 @@ from d3d.model.checkpoint import load_model, save_model
 from d3d.decode.engines import generate
 
 from helpers import make_hf_model, save_hf
+from d3d.decode.config import Sampling
 
 CONFIGS = [
     # (kind, kwargs, config layout, sharded)
@@ -113,14 +114,15 @@ def test_load_dtype_choice(tmp_path):
 def test_sampling_is_seeded_and_respects_top_k(tmp_path):
     save_hf(make_hf_model("qwen3"), tmp_path)
     model = load_model(tmp_path)
-    a = generate(model, [1, 2, 3], max_new_tokens=16, temperature=1.0, seed=7, stop_ids=[]).tokens
-    b = generate(model, [1, 2, 3], max_new_tokens=16, temperature=1.0, seed=7, stop_ids=[]).tokens
-    c = generate(model, [1, 2, 3], max_new_tokens=16, temperature=1.0, seed=8, stop_ids=[]).tokens
+    a = generate(model, [1, 2, 3], max_new_tokens=16, stop_ids=[], sampling=Sampling(temperature=1.0, seed=7)).tokens
+    b = generate(model, [1, 2, 3], max_new_tokens=16, stop_ids=[], sampling=Sampling(temperature=1.0, seed=7)).tokens
+    c = generate(model, [1, 2, 3], max_new_tokens=16, stop_ids=[], sampling=Sampling(temperature=1.0, seed=8)).tokens
     assert a == b and a != c
     # top_k=1 is greedy whatever the temperature
     greedy = generate(model, [1, 2, 3], max_new_tokens=16, stop_ids=[]).tokens
-    assert generate(model, [1, 2, 3], max_new_tokens=16, temperature=2.0, top_k=1, stop_ids=[]).tokens == greedy
-    assert generate(model, [1, 2, 3], max_new_tokens=16, temperature=2.0, top_p=1e-6, stop_ids=[]).tokens == greedy
+    assert generate(model, [1, 2, 3], max_new_tokens=16, stop_ids=[], sampling=Sampling(temperature=2.0, top_k=1)).tokens == greedy
+    assert generate(model, [1, 2, 3], max_new_tokens=16, stop_ids=[],
+                    sampling=Sampling(temperature=2.0, top_p=1e-6)).tokens == greedy
 
 
 def test_stop_tokens_and_streaming(tmp_path):

@@ -15,6 +15,7 @@ from d3d.cpu import precision
 from d3d.kernels import quant as kernel
 from d3d.kernels.naive import quant_matmul_reference, skinny_matmul_reference
 from d3d.cpu.quant import QuantWeight, Stacked, join, quantize
+from d3d.decode.config import SpecConfig
 
 needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"quant kernel unavailable: {kernel.why_unavailable()}")
 ISAS = ["avx2"] + (["avx512"] if "avx512f" in precision.cpu_flags() else [])
@@ -345,8 +346,8 @@ def check_speculative_equals_ar(target):
     ref = d3d.generate(target, prompts, max_new_tokens=24, stop_ids=[]).tokens
     for mode in ("sync", "async"):
         drafter = random_drafter(target, 4)
-        out = d3d.generate(target, prompts, max_new_tokens=24, stop_ids=[], mode=mode, drafter=drafter, block_size=4,
-                           lookup=0)
+        out = d3d.generate(target, prompts, max_new_tokens=24, stop_ids=[], drafter=drafter,
+                           spec=SpecConfig(mode=mode, block_size=4, lookup=0))
         assert out.tokens == ref, mode
 
 
@@ -369,7 +370,7 @@ def test_bundled_pair_quantized_is_lossless(fmt, activations, monkeypatch):
     prompts = [tok.encode("import os\n\n\ndef read_lines(path):\n    "), tok.encode("class Config:\n")]
     ref = d3d.generate(target, prompts, max_new_tokens=40, stop_ids=[]).tokens
     for mode in ("sync", "async"):
-        assert d3d.generate(target, prompts, max_new_tokens=40, stop_ids=[], mode=mode, drafter=drafter).tokens == ref
+        assert d3d.generate(target, prompts, max_new_tokens=40, stop_ids=[], drafter=drafter, spec=mode).tokens == ref
 
 
 def test_decide_weights_with_mocked_machines():

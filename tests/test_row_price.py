@@ -10,6 +10,7 @@ import pytest
 import d3d.decode.speculative as speculative
 from d3d.decode.row_price import RowPrice
 from test_engines import PROMPTS, generate, random_drafter, reference, tiny_target
+from d3d.decode.config import SpecConfig
 
 
 def feed(price, widths, step=0.1, per_row=0.01, rate=20.0):
@@ -80,8 +81,8 @@ def scripted_run(mode, monkeypatch, script, leaves):
     monkeypatch.setattr(Scripted, "script", script)
     Scripted.seen = []
     rounds = []
-    out = generate(target, PROMPTS[:1], max_new_tokens=30, stop_ids=[], mode=mode, drafter=drafter, leaves=leaves,
-                   verify_min_prob="auto", on_round=rounds.append)
+    out = generate(target, PROMPTS[:1], max_new_tokens=30, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                   spec=SpecConfig(mode=mode, leaves=leaves, verify_min_prob="auto"))
     assert out.tokens == reference(target, PROMPTS[:1], 30)
     return out, rounds
 
@@ -126,9 +127,10 @@ def test_auto_measures_and_refuses_nonsense():
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
     rounds = []
-    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], mode="sync", drafter=drafter,
-                   verify_min_prob="auto", on_round=rounds.append)
+    out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                   spec=SpecConfig(mode="sync", verify_min_prob="auto"))
     assert out.tokens == reference(target, PROMPTS, 30)
     assert all(0 <= r.min_prob <= 0.5 for r in rounds) and rounds[0].min_prob == 0.05  # the prior first
     with pytest.raises(ValueError, match="verify_min_prob='sometimes'"):
-        generate(target, PROMPTS, max_new_tokens=3, mode="sync", drafter=drafter, verify_min_prob="sometimes")
+        generate(target, PROMPTS, max_new_tokens=3, drafter=drafter,
+                 spec=SpecConfig(mode="sync", verify_min_prob="sometimes"))

@@ -108,7 +108,7 @@ def test_pipeline_trains_on_soft_labels(tmp_path):
     target = d3d.load_model(tcfg.out)
     drafter = d3d.load_drafter(cfg.out, target=target)
     prompt = d3d.load_tokenizer(tcfg.out).encode("def add_5(a, b):\n")
-    out = d3d.generate(target, prompt, max_new_tokens=24, stop_ids=[], mode="sync", drafter=drafter)
+    out = d3d.generate(target, prompt, max_new_tokens=24, stop_ids=[], drafter=drafter, spec="sync")
     assert out.tokens == d3d.generate(target, prompt, max_new_tokens=24, stop_ids=[]).tokens
     with pytest.raises(ValueError, match="--soft-labels needs"):
         train_drafter(DrafterTrainConfig(**{**cfg.__dict__, "data": "teacher", "out": str(tmp_path / "t")}),

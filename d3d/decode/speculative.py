@@ -43,6 +43,7 @@ import torch
 
 from .datastore import Datastore
 from ..draft.drafter import Block
+from .config import Sampling, SpecConfig
 from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
@@ -355,48 +356,26 @@ def generate_speculative(
     drafter: "Drafter",
     prompts: list[list[int]],
     max_new_tokens: int,
-    mode: str = "sync",
-    block_size: int | None = None,
-    temperature: float = 0.0,
-    seed: int = 0,
+    spec: SpecConfig,
+    sampling: Sampling = Sampling(),
     stop_ids: set[int] = frozenset(),
     stream: StreamFn | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
-    overlap: str = "none",
-    successor_threshold: float = 0.0,
-    exact: bool = False,
-    hypotheses: int = 1,
-    fanout: int = 1,
-    verify_min_prob: float | str = 0.0,
-    leaves: int = 0,
-    lookup: int = 0,
-    datastore: Datastore | None = None,
 ) -> GenerationOutput:
-    """Speculative decoding with a D3D drafter, ``mode="sync"`` or ``"async"`` (module docstring).
+    """Speculative decoding with a D3D drafter, ``spec.mode`` sync or async (module docstring), every
+    knob of ``spec`` set (``SpecConfig.resolve``; what each means: ``d3d.decode.config``).
 
-    ``hypotheses`` (K) / ``fanout`` (F): async drafts successor blocks for the K likeliest outcomes,
-    considering F bonus candidates per accept length (``d3d.decode.hypotheses``). A drafter with
-    ``denoise_steps > 1`` drafts only the all-accepted hypothesis (its later steps re-run whole blocks).
-    ``successor_threshold``: a row gets hypotheses only if the drafter's estimate of their total
-    probability (the chance one of them hits) is at least this: where compute is saturated (a CPU)
-    unlikely hits cost real time; on an idle GPU stream 0 is right.
-    ``overlap``: how the hypotheses pass runs beside verification (``d3d.decode.overlap``).
-    ``exact``: verification attends one query row at a time, as AR steps do, so that greedy output
-    equals AR bit for bit in low precision too (``KVCache.layout(row_invariant=)``).
-    ``verify_min_prob``: verify only the leading drafts the drafter believes in jointly with at
-    least this probability (the longest such run over the batch's rows; ``Draft.likely_length``):
-    where a verified row costs real time (a CPU without AMX) a weak drafter's long tail of
-    unlikely drafts is not worth its rows. 0 verifies every draft; ``"auto"`` measures the threshold as
-    it runs: tokens per second times the seconds a verified row adds (``d3d.decode.row_price``), and cuts
-    leaves whose estimated hit probability is below it too. Lossless either way.
-    ``leaves``: verify also the L likeliest bonuses the drafter proposed (module docstring); lossless,
-    but not with ``exact`` (a leaf attends through a mask, not as a one-token step would).
-    ``lookup``: n >= 1 drafts by copying from the context where its last n tokens occurred before
-    (``d3d.decode.lookup``), the drafter elsewhere; 0 never. In a batch every row verifies as many drafts
-    as the shortest row's draft has.
-    ``datastore``: rows without a ready or copied draft look one up in the target's own earlier text
-    (``d3d.decode.datastore``) before asking the drafter.
+    A drafter with ``denoise_steps > 1`` drafts only the all-accepted hypothesis (its later steps re-run
+    whole blocks). ``exact`` verifies attention one query row at a time, as AR steps do
+    (``KVCache.layout(row_invariant=)``). ``verify_min_prob`` cuts each round at the longest run of
+    drafts over the batch's rows whose joint estimate beats it (``Draft.likely_length``); ``"auto"``
+    measures the threshold as it runs (``d3d.decode.row_price``) and cuts leaves by it too. In a batch
+    every row verifies as many drafts as the shortest row's draft has. Lossless whatever the knobs.
     """
+    mode, block_size, overlap, exact = spec.mode, spec.block_size, spec.overlap, spec.exact
+    hypotheses, fanout, successor_threshold = spec.hypotheses, spec.fanout, spec.successor_threshold
+    verify_min_prob, leaves, lookup, datastore = spec.verify_min_prob, spec.leaves, spec.lookup, spec.datastore
+    temperature, seed = sampling.temperature, sampling.seed
     B = block_size or drafter.block_size
     n, dev, use_hyps = len(prompts), target.device, mode == "async"
     K = hypotheses if drafter.dcfg.denoise_steps == 1 else 1
@@ -467,21 +446,20 @@ def generate_dflash(
     drafter,
     prompts: list[list[int]],
     max_new_tokens: int,
-    block_size: int | None = None,
-    temperature: float = 0.0,
-    seed: int = 0,
+    spec: SpecConfig,
+    sampling: Sampling = Sampling(),
     stop_ids: set[int] = frozenset(),
     stream: StreamFn | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
-    exact: bool = False,
 ) -> GenerationOutput:
     """The DFlash baseline: a synchronous loop whose drafter reads the target's hidden states.
-    ``exact``: verification attends as AR steps do (``generate_speculative``).
+    ``spec.exact``: verification attends as AR steps do (``generate_speculative``).
 
     Every target pass (prefill, verification) also returns the hidden states of the drafter's
     ``target_layer_ids``; those of the newly committed tokens (all but the anchor, whose hidden
     state the next verification computes) become the drafter's context.
     """
+    block_size, exact, temperature, seed = spec.block_size, spec.exact, sampling.temperature, sampling.seed
     B = block_size or drafter.block_size
     n, dev = len(prompts), target.device
     stats = GenerationStats("dflash", n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B)

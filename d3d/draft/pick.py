@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ..assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, models_dir
-from ..decode.overlap import default_mode
+from ..decode.config import default_mode
 
 BUNDLED = {"d3d": (BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER), "dflash": (BUNDLED_DFLASH,)}
 

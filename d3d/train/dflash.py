@@ -28,6 +28,7 @@ from ..model.tokenizer import Tokenizer
 from .common import make_optimizer
 from .drafter import init_from_target_layers, labelling_model, make_training_data, pick_mask_id
 from .loop import TrainSettings, train_loop
+from ..decode.config import SpecConfig
 
 
 @dataclass(kw_only=True)
@@ -107,8 +108,8 @@ def dflash_loss(drafter: DFlashDrafter, target, x0: torch.Tensor, cfg: DFlashTra
 
 
 def measure_dflash_tau(target, drafter, prompts, max_new_tokens, block_size) -> float:
-    out = generate(target, prompts, max_new_tokens=max_new_tokens, mode="dflash", drafter=drafter,
-                   block_size=block_size, stop_ids=[])
+    out = generate(target, prompts, max_new_tokens=max_new_tokens, drafter=drafter, stop_ids=[],
+                   spec=SpecConfig(mode="dflash", block_size=block_size))
     return out.stats.tau
 
 

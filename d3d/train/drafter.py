@@ -44,6 +44,7 @@ from .common import make_optimizer, resumable_rows, save_atomic
 from .soft_labels import make_soft_labels, soft_cross_entropy
 from .loop import TrainSettings, train_loop
 from .target import token_stream
+from ..decode.config import SpecConfig
 
 BLOCK_KINDS = ("all-mask", "anchored", "partial")
 
@@ -235,8 +236,9 @@ def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]],
     every τ monitor before them."""
     hist, rounds = None, 0
     for i in range(0, len(prompts), batch):
-        out = generate(target, prompts[i: i + batch], max_new_tokens=max_new_tokens, mode="sync",
-                       drafter=drafter, block_size=block_size, stop_ids=list(stop_ids), leaves=0, lookup=0)
+        out = generate(target, prompts[i: i + batch], max_new_tokens=max_new_tokens, drafter=drafter,
+                       stop_ids=list(stop_ids),
+                       spec=SpecConfig(mode="sync", block_size=block_size, lookup=0, leaves=0))
         hist = out.stats.accept_hist if hist is None else [a + b for a, b in zip(hist, out.stats.accept_hist)]
         rounds += out.stats.rounds
     tau = sum((a + 1) * c for a, c in enumerate(hist)) / rounds

@@ -1,0 +1,215 @@
+"""One configuration of decoding: ``SpecConfig`` (how to speculate) and ``Sampling`` (what to sample).
+
+Every knob is a field; ``None`` means the measured default of the device, filled in by ``resolve``
+from one table (``defaults``), each entry beside the result that chose it (the figures are in
+docs/results.md, "How each default was chosen"). ``parse`` reads the compact form the CLI's
+``--spec`` and the bench's ``--modes`` share ("sync lookup=3 leaves=2"); ``str`` writes it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .datastore import Datastore
+
+MODES = ("ar", "sync", "async", "dflash")
+OVERLAPS = ("none", "stream", "packed")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """T = 0 is greedy; at T > 0 every mode samples exactly from the target's distribution at T.
+    top_k / top_p apply to ``ar`` only (speculative modes are lossless at T, not at a truncation)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How to decode. Every field but ``mode`` may stay None: the device's measured default."""
+
+    mode: str = "ar"  # ar, sync (draft then verify), async (D3D: draft ahead beside verification), dflash
+    block_size: int | None = None  # tokens per round B (None: the drafter's)
+    lookup: int | None = None  # copy the draft from the context after a match of this many tokens; 0 never
+    leaves: int | None = None  # the drafter's likeliest bonus tokens verified beside the drafts
+    verify_min_prob: float | str | None = None  # verify drafts while their joint estimate beats this; "auto"
+    hypotheses: int | None = None  # async: outcomes (accept length, bonus) drafted ahead per round
+    fanout: int | None = None  # async: bonus candidates per accept length
+    successor_threshold: float | None = None  # async: least estimated hit probability worth drafting ahead
+    overlap: str | None = None  # async: how the draft-ahead pass runs beside verification (OVERLAPS)
+    exact: bool | None = None  # verify attention one row at a time (bit-exact low precision; None: auto)
+    datastore: "Datastore | None" = field(default=None, compare=False)  # retrieved drafts (REST)
+
+    @classmethod
+    def parse(cls, text: str) -> "SpecConfig":
+        """``"sync lookup=3 leaves=2"`` (spaces or commas between items) -> SpecConfig; every error
+        names the item and what is allowed."""
+        items = text.replace(",", " ").split()
+        if not items or "=" in items[0]:
+            raise ValueError(f"spec {text!r}: must start with a mode, one of {', '.join(MODES)}")
+        known = {f.name: f for f in fields(cls) if f.name not in ("mode", "datastore")}
+        values: dict = {"mode": items[0]}
+        for item in items[1:]:
+            name, eq, raw = item.partition("=")
+            name = name.replace("-", "_")
+            if not eq or name not in known:
+                raise ValueError(f"spec {text!r}: {item!r} is not NAME=VALUE with NAME one of {', '.join(known)}")
+            try:
+                values[name] = parse_value(name, raw)
+            except ValueError as e:
+                raise ValueError(f"spec {text!r}: {e}") from None
+        spec = cls(**values)
+        spec.check()
+        return spec
+
+    def __str__(self) -> str:
+        """The compact form ``parse`` reads: the mode, then every field that is set."""
+        parts = [self.mode] + [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                               if f.name not in ("mode", "datastore") and getattr(self, f.name) is not None]
+        return " ".join(parts)
+
+    def replace(self, **changes) -> "SpecConfig":
+        return dataclasses.replace(self, **changes)
+
+    def check(self) -> None:
+        """Every set value is of its kind, or a ValueError names the field."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}: expected one of {', '.join(MODES)}")
+        for name, least in (("block_size", 2), ("hypotheses", 1), ("fanout", 1), ("leaves", 0), ("lookup", 0)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
+        p = self.verify_min_prob
+        if p is not None and p != "auto" and not (_real(p) and 0 <= p <= 1):
+            raise ValueError(f"verify_min_prob={p!r}: must be a probability in [0, 1] or 'auto' (measured as it runs)")
+        t = self.successor_threshold
+        if t is not None and not (_real(t) and t >= 0):
+            raise ValueError(f"successor_threshold={t!r}: must be a number >= 0 (above 1: never draft ahead)")
+        if self.overlap is not None and self.overlap not in OVERLAPS:
+            raise ValueError(f"overlap={self.overlap!r}: expected one of {', '.join(OVERLAPS)}")
+        if self.exact is not None and not isinstance(self.exact, bool):
+            raise ValueError(f"exact={self.exact!r}: must be True, False or None")
+        if self.datastore is not None:
+            from .datastore import Datastore
+
+            if not isinstance(self.datastore, Datastore):
+                raise ValueError(f"datastore: expected a d3d.decode.datastore.Datastore (d3d.load_datastore), got "
+                                 f"{type(self.datastore).__name__}")
+            if self.mode not in ("sync", "async"):
+                raise ValueError(f"datastore with mode={self.mode!r}: datastore drafts are for the D3D modes, "
+                                 "sync and async")
+
+    def resolve(self, device: torch.device, dtype: torch.dtype | None = None, quantized: bool = False,
+                int8_activations: bool = False) -> "SpecConfig":
+        """Every unset field filled with the device's default (``defaults``), then checked as a whole."""
+        self.check()
+        exact_auto = self.exact is None and int8_activations
+        exact = int8_activations if self.exact is None else self.exact
+        table = defaults(device, self.mode, dtype, quantized, exact)
+        spec = self.replace(exact=exact, **{k: v for k, v in table.items() if getattr(self, k) is None})
+        if spec.exact and spec.leaves:
+            why = (f"leaves={spec.leaves} with a target with int8 activations (its speculative modes verify with "
+                   "exact=True; d3d/cpu/quant.py)" if exact_auto else f"exact=True with leaves={spec.leaves}")
+            raise ValueError(f"{why}: a leaf attends through a mask, not as a one-token step does, so its output "
+                             "could part from ar in low precision; use leaves=0"
+                             + (", or D3D_QUANT_ACTIVATIONS=fp32" if exact_auto else ""))
+        if spec.exact and spec.mode == "async" and spec.overlap == "packed":
+            raise ValueError("exact=True needs the target's own verification pass: use overlap='none', "
+                             "not 'packed' (its joint pass attends all rows at once)")
+        return spec
+
+
+# what each knob does, for --help (the CLI's flags are made from the fields: d3d/__main__.py)
+HELP = {
+    "block_size": "tokens per round B (default: the drafter's, 16)",
+    "lookup": "sync/async: when the last N tokens occurred earlier in the prompt or output, copy what followed "
+              "them as the draft instead of asking the drafter (prompt lookup; lossless); 0 = never",
+    "leaves": "sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target row each: a "
+              "round whose bonus is one of them commits one more token (lossless; not with exact)",
+    "verify_min_prob": "sync/async: verify only the leading drafts the drafter believes in jointly with probability "
+                       ">= P (0 = all; lossless): fewer rows where each costs time. auto: P measured as it runs, "
+                       "tokens per second x the seconds one more row costs (d3d/decode/row_price.py)",
+    "hypotheses": "async: K, successor blocks drafted per round for the K likeliest verification outcomes "
+                  "(accept length, bonus token)",
+    "fanout": "async: F, bonus candidates per accept length (the drafter's F likeliest tokens but its draft)",
+    "successor_threshold": "async: draft ahead only when the drafter's estimate that a hypothesis hits is at least "
+                           "this (0 = always)",
+    "overlap": "async: how the draft-ahead pass runs beside verification: none (right after it), stream (a second "
+               "CUDA stream), packed (one joint pass of both models)",
+    "exact": "sync/async/dflash: verify with row-invariant attention, so that greedy output equals ar token for "
+             "token in bf16 too (slower verification); on by itself where weights multiply int8 activations",
+}
+
+
+def defaults(device: torch.device, mode: str, dtype: torch.dtype | None = None, quantized: bool = False,
+             exact: bool = False) -> dict:
+    """The measured default of every knob for a device and mode. Each was chosen on validation
+    requests; the JSON that chose it is named beside it, the figures are in docs/results.md."""
+    from ..kernels import skinny
+
+    cuda = device.type == "cuda"
+    # fp32 verification rows cost real time on oneDNN (docs/results/leaf-price/), about none on the
+    # panels (docs/results/panels/ab.txt), in bf16 (docs/results/leaves/) and quantized (docs/results/quant/)
+    rows_cheap = cuda or dtype != torch.float32 or quantized or skinny.wanted()
+    return {
+        "lookup": 0 if mode == "async" else 3,  # docs/results/lookup/validation_choice*.json; async: unmeasured
+        "leaves": 0 if mode == "async" or exact or not rows_cheap else 2,  # see rows_cheap; exact refuses leaves
+        "verify_min_prob": 0.0 if cuda else "auto",  # docs/results/copy-length/validation*_*.json; CUDA: unmeasured
+        # async on a CPU: rare, very likely hypotheses (docs/results/async-hypotheses/validation_*.json);
+        # on CUDA SSD's K = 8, F = 3 on a second stream, unmeasured until `python -m bench gpu`
+        "hypotheses": 8 if cuda else 1,
+        "fanout": 3 if cuda else 1,
+        "successor_threshold": 0.0 if cuda else 0.5,
+        "overlap": "stream" if cuda else "none",  # d3d/decode/overlap.py: none 1.65x, packed 1.60x (bundled, Zen 5)
+    }
+
+
+def default_mode(device: torch.device) -> str:
+    """The speculative mode used with a D3D drafter when none is asked for: async on CUDA, sync on a
+    CPU, where async measured slower than sync in every setting (docs/results/async-hypotheses/)."""
+    return "async" if device.type == "cuda" else "sync"
+
+
+def as_spec(spec: "SpecConfig | str | None") -> SpecConfig:
+    """``generate``'s ``spec`` argument: None (ar), a mode or compact string, or a SpecConfig."""
+    if spec is None:
+        return SpecConfig()
+    if isinstance(spec, str):
+        return SpecConfig.parse(spec)
+    if not isinstance(spec, SpecConfig):
+        raise TypeError(f"spec: expected a SpecConfig, a string such as 'sync lookup=3', or None; "
+                        f"got {type(spec).__name__}")
+    return spec
+
+
+def _real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def parse_value(name: str, raw: str):
+    """One value of field ``name`` from its text (the CLI's flags, ``parse``, the bench's modes)."""
+    if name == "overlap":
+        return raw
+    if name == "exact":
+        if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ValueError(f"exact={raw!r}: expected true or false")
+        return raw.lower() in ("true", "1", "yes", "on")
+    if name == "verify_min_prob" and raw == "auto":
+        return raw
+    try:
+        return float(raw) if name in ("verify_min_prob", "successor_threshold") else int(raw)
+    except ValueError:
+        what = "a probability in [0, 1] or auto" if name == "verify_min_prob" else "a number"
+        raise ValueError(f"{name}={raw!r}: expected {what}") from None
+
+
+__all__ = ["SpecConfig", "Sampling", "MODES", "OVERLAPS", "HELP", "defaults", "default_mode", "as_spec",
+           "parse_value"]

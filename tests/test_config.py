@@ -1,0 +1,42 @@
+"""SpecConfig: the compact form round-trips, every bad knob is named, defaults come from one table."""
+
+import pytest
+import torch
+
+from d3d.decode.config import HELP, SpecConfig, defaults
+
+
+def test_compact_form_round_trips():
+    for text in ("ar", "sync", "sync lookup=0 leaves=3", "async hypotheses=4 fanout=2 successor_threshold=0.0 overlap=packed",
+                 "sync verify_min_prob=auto exact=True", "dflash block_size=8"):
+        spec = SpecConfig.parse(text)
+        assert str(spec) == text and SpecConfig.parse(str(spec)) == spec
+    assert SpecConfig.parse("sync,lookup=0,leaves=3") == SpecConfig("sync", lookup=0, leaves=3)  # the bench's commas
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "must start with a mode"), ("lookup=3", "must start with a mode"), ("warp", "mode='warp'"),
+    ("sync lookup", "'lookup' is not NAME=VALUE"), ("sync speed=3", "'speed=3' is not NAME=VALUE"),
+    ("sync leaves=-1", "leaves=-1: must be an integer >= 0"), ("sync lookup=two", "lookup='two': expected a number"),
+    ("sync verify_min_prob=2", "verify_min_prob=2.0"), ("async overlap=thread", "overlap='thread'"),
+    ("sync exact=maybe", "exact='maybe'"), ("sync block_size=1", "block_size=1"),
+])
+def test_bad_specs_are_named(text, message):
+    with pytest.raises(ValueError, match=message):
+        SpecConfig.parse(text)
+
+
+def test_resolve_fills_only_unset_knobs_and_refuses_contradictions():
+    cpu = torch.device("cpu")
+    table = defaults(cpu, "sync", torch.bfloat16)
+    assert set(table) == set(HELP) - {"block_size", "exact"}  # every knob but the drafter's B and exact has a default
+    spec = SpecConfig("sync", lookup=0).resolve(cpu, torch.bfloat16)
+    assert spec.lookup == 0 and spec.leaves == table["leaves"] == 2 and spec.exact is False
+    assert SpecConfig("async").resolve(torch.device("cuda"), torch.bfloat16).overlap == "stream"
+    assert SpecConfig("sync").resolve(cpu, torch.float32, quantized=True, int8_activations=True).exact is True
+    with pytest.raises(ValueError, match="exact=True with leaves=2"):
+        SpecConfig("sync", exact=True, leaves=2).resolve(cpu, torch.bfloat16)
+    with pytest.raises(ValueError, match="leaves=1 with a target with int8 activations"):
+        SpecConfig("sync", leaves=1).resolve(cpu, torch.float32, quantized=True, int8_activations=True)
+    with pytest.raises(ValueError, match="overlap='none'"):
+        SpecConfig("async", exact=True, overlap="packed").resolve(cpu, torch.bfloat16)
