@@ -283,12 +283,14 @@ def test_doctor_and_build_kernels(capsys):
 
 def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_path):
     """A load that takes longer than NOTICE_AFTER_S is a compile: one line when it starts, one when it ends."""
+    import os
     import time
 
     import torch.utils.cpp_extension as ext
 
     from d3d.kernels import cpp
 
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     monkeypatch.setattr(cpp, "NOTICE_AFTER_S", 0.05)
     monkeypatch.setattr(ext, "load", lambda **kw: time.sleep(0.3) or "module")
     monkeypatch.setattr(cpp, "cpu_flags", lambda: {"avx2", "fma"})
@@ -303,3 +305,9 @@ def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_pa
     monkeypatch.setattr(ext, "load", lambda **kw: (_ for _ in ()).throw(RuntimeError("Ninja is required")))
     module, why = cpp.build("d3d_test_fail", source, [])
     assert module is None and "building k.cpp failed" in why and "Ninja is required" in why
+    lock = tmp_path / "ext" / "d3d_test_fast" / "lock"  # a killed build's lock: torch would wait forever
+    lock.write_text("")
+    os.utime(lock, (time.time() - 2 * cpp.STALE_LOCK_S,) * 2)
+    monkeypatch.setattr(ext, "load", lambda **kw: "module")
+    assert cpp.build("d3d_test_fast", source, []) == ("module", None)
+    assert not lock.exists() and "left" in capsys.readouterr().err

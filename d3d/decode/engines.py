@@ -16,7 +16,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
+from .generation import (Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill_counted,
+                         sampling_generator)
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec
 from .sampling import check_sampling_args, sample_next
@@ -68,14 +69,12 @@ def generate_ar(
 ) -> GenerationOutput:
     """One target forward per token. Sequences that finish drop out of the batch."""
     n = len(prompts)
-    temperature, top_k, top_p, seed = sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed
-    gen = torch.Generator(device=model.device).manual_seed(seed) if temperature > 0 else None
+    temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
+    gen = sampling_generator(model.device, sampling)
     stats = GenerationStats("ar", n, [len(p) for p in prompts], [0] * n)
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
     cache = model.new_cache(rows=n, max_len=max(len(p) for p in prompts) + max_new_tokens)
-    next_ids = prefill(model, prompts, cache, temperature, gen, top_k=top_k, top_p=top_p)[0]
-    stats.target_forwards += 1
-    stats.prefill_seconds = clock.now()
+    next_ids = prefill_counted(model, prompts, cache, sampling, gen, stats, clock)[0]
 
     rows = list(range(n))
     while True:

@@ -168,4 +168,21 @@ def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, tempe
     return sample_next(logits, temperature, top_k, top_p, gen).tolist(), None
 
 
-__all__ = ["GenerationStats", "GenerationOutput", "Output", "Clock", "prefill", "StreamFn"]
+def sampling_generator(device: torch.device, sampling) -> torch.Generator | None:
+    """The random stream of a generation at T > 0 (``sampling``: a ``d3d.decode.config.Sampling``), seeded."""
+    return torch.Generator(device=device).manual_seed(sampling.seed) if sampling.temperature > 0 else None
+
+
+def prefill_counted(target: Transformer, prompts: list[list[int]], cache: KVCache, sampling,
+                    gen: torch.Generator | None, stats: GenerationStats, clock: Clock,
+                    hidden_layers: tuple[int, ...] = ()):
+    """The prologue every engine shares: ``prefill`` with ``sampling`` (a ``d3d.decode.config.Sampling``)
+    and ``gen`` (``sampling_generator``), counted as a target forward, its time the stats'
+    ``prefill_seconds``. Returns ``prefill``'s pair."""
+    first = prefill(target, prompts, cache, sampling.temperature, gen, hidden_layers, sampling.top_k, sampling.top_p)
+    stats.target_forwards += 1
+    stats.prefill_seconds = clock.now()
+    return first
+
+
+__all__ = ["GenerationStats", "GenerationOutput", "Output", "Clock", "prefill", "prefill_counted", "sampling_generator", "StreamFn"]

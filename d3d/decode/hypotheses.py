@@ -30,20 +30,34 @@ class Hypothesis:
     score: float  # the drafter's estimate of P(outcome)
 
 
+def scored_outcomes(drafts: list[int], confidence: list[float], top_ids: list[list[int]], top_probs: list[list[float]],
+                    n: int, per_position: int | None = None) -> tuple[list[Hypothesis], float]:
+    """Every outcome (a, b) of verifying d_1..d_n with b among the drafter's top tokens at a+1, scored
+    P(a, b) = c_1 ... c_a * q_(a+1)(b) (module docstring), and c_1 ... c_m, the chance that all m
+    positions looked at are accepted. For a < n, b is not d_(a+1) (a rejected draft is never the
+    bonus); for a = n < len(drafts) (drafts the verification leaves out) b may be d_(n+1) itself.
+    ``per_position``: at most this many b per a (all the top tokens given: None). No top tokens (a
+    copied draft): no outcomes."""
+    candidates, prefix = [], 1.0
+    for a in range(min(n + 1, len(drafts), len(top_ids))):
+        others = [(b, p) for b, p in zip(top_ids[a], top_probs[a]) if a == n or b != drafts[a]]
+        candidates.extend(Hypothesis(a, b, prefix * p) for b, p in others[:per_position])
+        prefix *= confidence[a]
+    return candidates, prefix
+
+
 def outcome_hypotheses(drafts: list[int], confidence: list[float], top_ids: list[list[int]],
                        top_probs: list[list[float]], k: int, fanout: int) -> list[Hypothesis]:
-    """The ``k`` most probable outcomes of verifying ``drafts`` (most probable first).
+    """The ``k`` most probable outcomes of verifying all ``drafts``, ``fanout`` bonus candidates per
+    accept length and "all accepted" (bonus None: the drafter guesses it), most probable first; what
+    async drafts successor blocks for.
 
     drafts, confidence: [n] the drafted tokens and the drafter's probability of each.
     top_ids, top_probs: [n][fanout + 1] its most probable tokens at each position (the draft among
         them at T = 0) and their probabilities.
     """
-    candidates, prefix = [], 1.0  # prefix = c_1 ... c_a
-    for a, (d, c, ids, probs) in enumerate(zip(drafts, confidence, top_ids, top_probs)):
-        others = [(b, p) for b, p in zip(ids, probs) if b != d][:fanout]
-        candidates.extend(Hypothesis(a, b, prefix * p) for b, p in others)
-        prefix *= c
-    candidates.append(Hypothesis(len(drafts), None, prefix))
+    candidates, all_accepted = scored_outcomes(drafts, confidence, top_ids, top_probs, len(drafts), fanout)
+    candidates.append(Hypothesis(len(drafts), None, all_accepted))
     return sorted(candidates, key=lambda h: -h.score)[:k]
 
 
@@ -51,19 +65,10 @@ def bonus_leaves(drafts: list[int], confidence: list[float], top_ids: list[list[
                  n: int, k: int) -> list[Hypothesis]:
     """The ``k`` likeliest outcomes of verifying d_1..d_n (n <= len(drafts)) whose bonus is a token
     the drafter proposed, to verify as one-token leaves beside the drafts (most probable first).
-
-    A leaf (a, b) is the token b at position a+1 after d_1..d_a, scored as above: for a < n, b is
-    among the top tokens at a+1 other than the verified d_(a+1); for a = n < len(drafts) (the drafts
-    the verification leaves out, ``verify_min_prob``) b may be any of them, d_(n+1) included.
-    When the target's bonus after accepting a drafts is b, the leaf is accepted too and its own
-    logits give the next token: the round commits a + 2 tokens instead of a + 1.
+    When the target's bonus after accepting a drafts is such a leaf b, the leaf is accepted too and
+    its own logits give the next token: the round commits a + 2 tokens instead of a + 1.
     """
-    candidates, prefix = [], 1.0
-    for a in range(min(n + 1, len(drafts), len(top_ids))):  # no top tokens (a copied draft): no leaves
-        candidates.extend(Hypothesis(a, b, prefix * p) for b, p in zip(top_ids[a], top_probs[a])
-                          if a == n or b != drafts[a])
-        prefix *= confidence[a]
-    return sorted(candidates, key=lambda h: -h.score)[:k]
+    return sorted(scored_outcomes(drafts, confidence, top_ids, top_probs, n)[0], key=lambda h: -h.score)[:k]
 
 
 def matching(hypotheses: list[Hypothesis], guesses: list[int], accepted: int, bonus: int) -> int | None:
@@ -75,4 +80,4 @@ def matching(hypotheses: list[Hypothesis], guesses: list[int], accepted: int, bo
     return None
 
 
-__all__ = ["Hypothesis", "outcome_hypotheses", "bonus_leaves", "matching"]
+__all__ = ["Hypothesis", "scored_outcomes", "outcome_hypotheses", "bonus_leaves", "matching"]

@@ -36,6 +36,7 @@ docs/results/leaves/probe_hypotheses.json).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -44,7 +45,8 @@ import torch
 from .datastore import Datastore
 from ..draft.drafter import Block
 from .config import Sampling, SpecConfig
-from .generation import Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill
+from .generation import (Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill_counted,
+                         sampling_generator)
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
 from .lookup import lookup_copy
@@ -362,82 +364,92 @@ def generate_speculative(
     stream: StreamFn | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
 ) -> GenerationOutput:
-    """Speculative decoding with a D3D drafter, ``spec.mode`` sync or async (module docstring), every
-    knob of ``spec`` set (``SpecConfig.resolve``; what each means: ``d3d.decode.config``).
-
+    """Speculative decoding with a D3D drafter, ``spec.mode`` sync or async, every knob of ``spec`` set
+    (``SpecConfig.resolve``); one round per loop: the module docstring's steps. Lossless whatever the knobs.
     A drafter with ``denoise_steps > 1`` drafts only the all-accepted hypothesis (its later steps re-run
-    whole blocks). ``exact`` verifies attention one query row at a time, as AR steps do
-    (``KVCache.layout(row_invariant=)``). ``verify_min_prob`` cuts each round at the longest run of
-    drafts over the batch's rows whose joint estimate beats it (``Draft.likely_length``); ``"auto"``
-    measures the threshold as it runs (``d3d.decode.row_price``) and cuts leaves by it too. In a batch
-    every row verifies as many drafts as the shortest row's draft has. Lossless whatever the knobs.
-    """
-    mode, block_size, overlap, exact = spec.mode, spec.block_size, spec.overlap, spec.exact
-    hypotheses, fanout, successor_threshold = spec.hypotheses, spec.fanout, spec.successor_threshold
-    verify_min_prob, leaves, lookup, datastore = spec.verify_min_prob, spec.leaves, spec.lookup, spec.datastore
-    temperature, seed = sampling.temperature, sampling.seed
-    B = block_size or drafter.block_size
-    n, dev, use_hyps = len(prompts), target.device, mode == "async"
-    K = hypotheses if drafter.dcfg.denoise_steps == 1 else 1
-    price = RowPrice() if verify_min_prob == "auto" else None
-    stats = GenerationStats(mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
+    whole blocks); in a batch every row verifies as many drafts as the shortest row's draft has."""
+    B, n, use_hyps = spec.block_size or drafter.block_size, len(prompts), spec.mode == "async"
+    K = spec.hypotheses if drafter.dcfg.denoise_steps == 1 else 1
+    price = RowPrice() if spec.verify_min_prob == "auto" else None
+    stats = GenerationStats(spec.mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
                             hits_by_accept=[0] * B)
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
-    gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
     longest = max(len(p) for p in prompts) + max_new_tokens
 
-    with closing(make_overlap(overlap if use_hyps else "none", clock, target, drafter)) as ov:
+    with closing(make_overlap(spec.overlap if use_hyps else "none", clock, target, drafter)) as ov:
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
-        tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1 + leaves, longest + (K + 2) * B + 2)
-        seqs = Sequences(target, prompts, out, stats, tcache, temperature, seed)
-        seqs.begin(prefill(target, prompts, tcache, temperature, gen)[0])
-        stats.target_forwards += 1
-        stats.prefill_seconds = clock.now()
-        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, fanout, successor_threshold, leaves)
-        rnd = 0
-        while rows := out.active():
-            # 1 draft (rows whose last round's hypotheses missed or had none), then how many to verify
-            start = clock.now()
-            r = side.prepare(rows, lookup, clock, datastore)
-            min_prob = price.min_prob() if price else verify_min_prob
-            n_verify = verify_width([r.drafts[i] for i in rows], min_prob)
-            # a fixed min_prob cuts drafts only; the measured price ("auto") is what any row costs, leaves too
-            leaf_rows = [side.leaves(r.drafts[i], n_verify, min_prob if price else 0.0) for i in rows]
-            drafts = {i: r.drafts[i].truncated(n_verify) for i in rows}
-            stats.verified_drafts += len(rows) * n_verify
-            stats.verified_leaves += sum(map(len, leaf_rows))
-            draft_t = torch.tensor([drafts[i].tokens for i in rows], dtype=torch.long, device=dev).view(len(rows), -1)
-
-            # 2 verify || 3 hypotheses
-            hyps = {i: side.likeliest_outcomes(drafts[i]) for i in rows}
-            job, hyp_rows = side.start_hypotheses(rows, drafts, hyps)
-            t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, draft_t, exact, leaf_rows), job)
-            outcomes = seqs.judge(t_logits, draft_t, [drafts[i].tokens for i in rows], rnd, leaf_rows)
+        tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1 + spec.leaves, longest + (K + 2) * B + 2)
+        seqs = Sequences(target, prompts, out, stats, tcache, sampling.temperature, sampling.seed)
+        gen = sampling_generator(target.device, sampling)
+        seqs.begin(prefill_counted(target, prompts, tcache, sampling, gen, stats, clock)[0])
+        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, spec.fanout, spec.successor_threshold, spec.leaves)
+        for rnd in itertools.count():
+            if not (rows := out.active()):
+                break
+            began = clock.now()
+            # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
+            r = side.prepare(rows, spec.lookup, clock, spec.datastore)
+            # plan: how many drafts and which leaves are worth their rows
+            min_prob = price.min_prob() if price else spec.verify_min_prob
+            plan = plan_round(rows, r.drafts, side, min_prob, price, stats, target.device)
+            # 2 verify || 3 draft ahead for the likeliest outcomes (async)
+            hyps = {i: side.likeliest_outcomes(plan.drafts[i]) for i in rows}
+            job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps)
+            t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, plan.ids, spec.exact, plan.leaves), job)
+            # 4 accept
+            outcomes = seqs.judge(t_logits, plan.ids, [plan.drafts[i].tokens for i in rows], rnd, plan.leaves)
             successors = side.finish(job, d_logits)
             stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
-
-            # 4 commit, and keep the successor that matches the outcome
+            # 5 commit, and keep the successor that matches the outcome
             per_row, gained = iter(successors), 0
-            for j, i in enumerate(rows):
-                o, d = outcomes[j], drafts[i]
+            for i, o in zip(rows, outcomes):
                 mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
                 hit = side.settle(i, o, hyps[i], mine)
-                new = seqs.commit(i, o, n_verify)
+                new = seqs.commit(i, o, plan.width)
                 gained += len(new)
                 if on_round:
-                    drafted = i in r.need
-                    on_round(RoundInfo(
-                        round=rnd, seq=i, draft=list(d.tokens), accepted=len(o.accepted), bonus=o.bonus, committed=new,
-                        successor_used=not drafted and i not in r.copied, fallback=bool(mine) and hit is None,
-                        sync_draft_seconds=r.seconds if drafted else 0.0, verify_span=v_span,
-                        draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps[i], hit=hit,
-                        leaf=o.leaf, copied=i in r.copied, stored=i in r.stored,
-                        min_prob=min_prob))
+                    on_round(round_info(rnd, i, plan, r, o, new, hyps[i], mine, hit, v_span, d_span))
             if price:
-                price.observe(len(rows) * (n_verify + 1) + sum(map(len, leaf_rows)), v_span[1] - v_span[0], gained,
-                              clock.now() - start)
-            rnd += 1
+                price.observe(len(rows) * (plan.width + 1) + sum(map(len, plan.leaves)), v_span[1] - v_span[0],
+                              gained, clock.now() - began)
     return out.finish(stats, clock.now() - stats.prefill_seconds)
+
+
+@dataclass
+class Plan:
+    """What a round verifies: ``width`` drafts of every row (``drafts``, cut to it; ``ids`` [rows, width])
+    and each row's leaves."""
+
+    drafts: dict[int, Draft]
+    ids: torch.Tensor
+    width: int
+    leaves: list[list[Hypothesis]]
+    min_prob: float | str
+
+
+def plan_round(rows: list[int], drafts: dict[int, Draft], side: "Drafting", min_prob: float,
+               price: RowPrice | None, stats: GenerationStats, device: torch.device) -> Plan:
+    """The drafts worth their rows (the longest run over the rows whose joint estimate beats
+    ``min_prob``, ``Draft.likely_length``) and the leaves: a fixed ``min_prob`` cuts drafts only; a
+    measured ``price`` (``d3d.decode.row_price``) is what any row costs, leaves too."""
+    width = verify_width([drafts[i] for i in rows], min_prob)
+    leaves = [side.leaves(drafts[i], width, min_prob if price else 0.0) for i in rows]
+    stats.verified_drafts += len(rows) * width
+    stats.verified_leaves += sum(map(len, leaves))
+    cut = {i: drafts[i].truncated(width) for i in rows}
+    ids = torch.tensor([cut[i].tokens for i in rows], dtype=torch.long, device=device).view(len(rows), -1)
+    return Plan(cut, ids, width, leaves, min_prob)
+
+
+def round_info(rnd: int, i: int, plan: Plan, r: RoundDrafts, o: Outcome, new: list[int], hyps: list[Hypothesis],
+               mine: list[Draft], hit: int | None, v_span, d_span) -> RoundInfo:
+    """What ``on_round`` (``--explain``) sees of row ``i`` in round ``rnd``."""
+    d, drafted = plan.drafts[i], i in r.need
+    return RoundInfo(round=rnd, seq=i, draft=list(d.tokens), accepted=len(o.accepted), bonus=o.bonus, committed=new,
+                     successor_used=not drafted and i not in r.copied, fallback=bool(mine) and hit is None,
+                     sync_draft_seconds=r.seconds if drafted else 0.0, verify_span=v_span,
+                     draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps, hit=hit,
+                     leaf=o.leaf, copied=i in r.copied, stored=i in r.stored, min_prob=plan.min_prob)
 
 
 @torch.inference_mode()
@@ -466,14 +478,12 @@ def generate_dflash(
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
     longest = max(len(p) for p in prompts) + max_new_tokens
     tcache, ccache = target.new_cache(n, longest + B + 1), drafter.new_cache(n, longest + B + 1)
-    gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
+    gen = sampling_generator(dev, sampling)
     layers = drafter.hidden_layers
     seqs = Sequences(target, prompts, out, stats, tcache, temperature, seed)
-    first, hidden = prefill(target, prompts, tcache, temperature, gen, hidden_layers=layers)
+    first, hidden = prefill_counted(target, prompts, tcache, sampling, gen, stats, clock, hidden_layers=layers)
     drafter.append_context(ccache, list(range(n)), hidden, [len(p) for p in prompts])
     seqs.begin(first)
-    stats.target_forwards += 1
-    stats.prefill_seconds = clock.now()
 
     rnd = 0
     while rows := out.active():

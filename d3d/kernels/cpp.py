@@ -21,6 +21,7 @@ from ..cpu.precision import cpu_flags
 AVX2_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 AVX2 = frozenset({"avx2", "fma"})
 NOTICE_AFTER_S = 2.0  # a cached build loads in well under this; a longer load is compiling
+STALE_LOCK_S = 300.0  # a build takes ~35 s; a lock this old was left by a build that was killed
 
 
 def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AVX2) -> tuple[object | None, str | None]:
@@ -33,6 +34,7 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
         from torch.utils.cpp_extension import _get_build_directory, load
 
         where = Path(_get_build_directory(name, verbose=False))
+        clear_stale_lock(where / "lock")
         # a cached build loads in well under a second; past 2 s it is compiling (first use, or a
         # changed source or flag): say so then, so that no first run sits in silence
         said = threading.Event()
@@ -58,3 +60,15 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
     except Exception as e:  # no compiler, no ninja, a failed build: the torch path stays
         return None, f"building {source.name} failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]})"
     return module, None
+
+
+def clear_stale_lock(lock: Path) -> None:
+    """torch's builder waits, silently and forever, while its lock file exists; a build that was
+    killed (Ctrl-C during a first run) leaves one behind. One older than ``STALE_LOCK_S`` is removed."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        print(f"d3d: removing {lock}, left {age:.0f} s ago by a build that did not finish", file=sys.stderr, flush=True)
+        lock.unlink(missing_ok=True)

@@ -175,8 +175,6 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
         import gguf
     except ImportError:
         raise ImportError("convert-gguf needs the gguf package: pip install -e '.[gguf]'") from None
-    from .checkpoint import name_map, quant_tensors
-
     src, out = Path(src), Path(out)
     if not src.is_file():
         raise FileNotFoundError(f"{src}: no such file")
@@ -196,6 +194,25 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
     except Exception as e:
         raise ValueError(f"{src}: not a readable GGUF file ({e})") from None
     cfg, extra = read_config(reader, str(src))
+    tensors, kinds, dense = read_tensors(gguf, reader, cfg, str(src), dequantize)
+    write_checkpoint(out, cfg, tensors, tokenizer_dir, extra["chat_template"],
+                     {"d3d_gguf": {"file": src.name, "blocks": kinds, "dequantized": dequantize}})
+    held = "float32" if dequantize else ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    log(f"wrote {out}: {cfg.model_type}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+        f"{cfg.num_parameters() / 1e6:.0f}M parameters ({held}; "
+        f"{(out / 'model.safetensors').stat().st_size / 2**20:.0f} MiB)")
+    if dense:
+        log(f"note: {', '.join(sorted(dense))} blocks have no d3d format and were dequantized to float32 "
+            f"(exact; load with --weights int8 to quantize them)")
+    return cfg
+
+
+def read_tensors(gguf, reader, cfg: ModelConfig, src: str, dequantize: bool):
+    """Every tensor of ``reader`` under its HF name, checked against the shapes ``cfg`` implies: the
+    blocks d3d holds as ``QuantWeight`` (unless ``dequantize``), the rest as float32. Returns
+    (tensors, {block type: count}, the quantized block types that had to become float32)."""
+    from .checkpoint import name_map
+
     expected = {hf: shape for parts in name_map(cfg).values() for hf, shape in parts}
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -223,12 +240,19 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ValueError(f"{src}: missing tensor(s) {missing[:5]}")
-    # written into a temporary directory beside ``out`` and renamed at the end: a killed or failed
-    # conversion leaves no half checkpoint that would later look like a model
+    return tensors, kinds, dense
+
+
+def write_checkpoint(out: Path, cfg: ModelConfig, tensors: dict, tokenizer_dir: Path, chat_template, extra: dict):
+    """``out`` as a checkpoint directory (config, safetensors, tokenizer), written into a temporary
+    directory beside it and renamed at the end: a killed or failed conversion leaves no half
+    checkpoint that would later look like a model."""
+    from .checkpoint import quant_tensors
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        cfg.save(tmp, extra={"d3d_gguf": {"file": src.name, "blocks": kinds, "dequantized": dequantize}})
+        cfg.save(tmp, extra=extra)
         files = {}
         for name, w in tensors.items():
             files.update(quant_tensors(name, w) if isinstance(w, QuantWeight) else {name: w})
@@ -236,20 +260,12 @@ def convert_gguf(src: str | Path, out: str | Path, tokenizer_dir: str | Path | N
         (tmp / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
         tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text()) \
             if (tokenizer_dir / "tokenizer_config.json").is_file() else {}
-        if extra["chat_template"]:
-            tok_cfg["chat_template"] = extra["chat_template"]
+        if chat_template:
+            tok_cfg["chat_template"] = chat_template
         write_json(tmp / "tokenizer_config.json", tok_cfg)
         if out.is_dir():
-            out.rmdir()  # empty (checked above)
+            out.rmdir()  # empty (checked by the caller)
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    held = "float32" if dequantize else ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    log(f"wrote {out}: {cfg.model_type}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-        f"{cfg.num_parameters() / 1e6:.0f}M parameters ({held}; "
-        f"{(out / 'model.safetensors').stat().st_size / 2**20:.0f} MiB)")
-    if dense:
-        log(f"note: {', '.join(sorted(dense))} blocks have no d3d format and were dequantized to float32 "
-            f"(exact; load with --weights int8 to quantize them)")
-    return cfg

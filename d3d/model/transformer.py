@@ -297,6 +297,30 @@ class Transformer(nn.Module):
 
     # ---------------------------------------------------------------- forward
 
+    def _pass_inputs(self, input_ids, layout, cache, attn_mask, positions):
+        """``forward``'s inputs in the form the layers take: a dense pass gets RoPE tables per position
+        (and a per-row mask one head axis); a packed one its layout (packing a ``[B, S]`` input)."""
+        cos, sin = self.rope()
+        if input_ids.dim() == 2 and cache is None and layout is None:  # dense
+            S = input_ids.shape[1]
+            pos = torch.arange(S, device=input_ids.device) if positions is None else positions
+            if attn_mask is not None and attn_mask.dim() == 3:
+                attn_mask = attn_mask.unsqueeze(1)  # [B, 1, S, S]: the same mask for every head
+            return input_ids, layout, cos[pos].unsqueeze(-2), sin[pos].unsqueeze(-2), attn_mask
+        if attn_mask is not None or positions is not None:
+            raise ValueError("attn_mask/positions are for dense [B, S] passes; packed passes use a layout")
+        if input_ids.dim() == 2:
+            B, S = input_ids.shape
+            if cache is None:
+                raise ValueError("a [B, S] input with a layout needs packing: pass input_ids.reshape(-1)")
+            layout = layout or cache.layout([S] * B)
+            input_ids = input_ids.reshape(-1)
+        if layout is None:
+            raise ValueError("a packed [T] input needs a layout (see KVCache.layout / make_layout)")
+        if input_ids.shape[0] != layout.num_tokens:
+            raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, layout describes {layout.num_tokens}")
+        return input_ids, layout, cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1), attn_mask
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -322,29 +346,8 @@ class Transformer(nn.Module):
         Returns logits ``[T, V]`` / ``[B, S, V]`` (``[M, V]`` with logits_index), or
         ``(logits, [hidden ...])`` when ``hidden_layers`` is non-empty.
         """
-        cos, sin = self.rope()
-        dense = input_ids.dim() == 2 and cache is None and layout is None
         batch_shape = input_ids.shape if input_ids.dim() == 2 and logits_index is None else None
-        if dense:
-            B, S = input_ids.shape
-            pos = torch.arange(S, device=input_ids.device) if positions is None else positions
-            cos, sin = cos[pos].unsqueeze(-2), sin[pos].unsqueeze(-2)  # broadcast over [B, S, heads, D]
-            if attn_mask is not None and attn_mask.dim() == 3:
-                attn_mask = attn_mask.unsqueeze(1)  # [B, 1, S, S]: the same mask for every head
-        else:
-            if attn_mask is not None or positions is not None:
-                raise ValueError("attn_mask/positions are for dense [B, S] passes; packed passes use a layout")
-            if input_ids.dim() == 2:
-                B, S = input_ids.shape
-                if cache is None:
-                    raise ValueError("a [B, S] input with a layout needs packing: pass input_ids.reshape(-1)")
-                layout = layout or cache.layout([S] * B)
-                input_ids = input_ids.reshape(-1)
-            if layout is None:
-                raise ValueError("a packed [T] input needs a layout (see KVCache.layout / make_layout)")
-            if input_ids.shape[0] != layout.num_tokens:
-                raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, layout describes {layout.num_tokens}")
-            cos, sin = cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1)
+        input_ids, layout, cos, sin, attn_mask = self._pass_inputs(input_ids, layout, cache, attn_mask, positions)
         x = self.embed_tokens(input_ids)
         wanted = set(hidden_layers)
         hidden = {0: x} if 0 in wanted else {}
