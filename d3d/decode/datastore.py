@@ -118,6 +118,15 @@ class Datastore:
                 return chain if chain.confidence[0] >= self.min_confidence else Chain()
         return Chain()
 
+    name = "datastore"  # a draft source (d3d.decode.sources): its counter is GenerationStats.datastore_drafts
+
+    def propose(self, context: list[int], max_len: int) -> "Draft | None":
+        """``chain`` as a draft source's ``Draft`` (its estimates, and its runner-up tokens for leaves)."""
+        from .sources import Draft
+
+        found = self.chain(context, max_len)
+        return Draft(found.tokens, found.confidence, found.top_ids, found.top_probs) if found.tokens else None
+
     def estimate(self, walk: list[tuple[int, list[tuple[int, int]]]]) -> Chain:
         """A ``majority_walk``'s counts as probabilities c / (n + prior)."""
         chain = Chain()

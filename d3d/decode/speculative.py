@@ -2,11 +2,10 @@
 
 A D3D round, for every active sequence:
 
-    1 draft       the round's B-1 drafts: ready if a hypothesis of the last round matched its
-                  outcome, else one drafter pass over [uncached committed tokens ; anchor, mask x (B-1)].
-                  With ``lookup`` n, a row whose last n tokens occurred before copies what followed
-                  them instead (``d3d.decode.lookup``; no drafter pass for it), or with a ``datastore`` what the
-                  target's earlier answers continued them with (``d3d.decode.datastore``)
+    1 draft       the round's B-1 drafts from the first source that has one (``d3d.decode.sources``): a
+                  hypothesis of the last round that matched its outcome, a copy from the context
+                  (``lookup``), the target's earlier answers (``datastore``), else one drafter pass over
+                  [uncached committed tokens ; anchor, mask x (B-1)] for all rows still without a draft
     2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
                   with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``).
                   With ``leaves`` L the pass also verifies the L likeliest bonuses the drafter proposed
@@ -42,14 +41,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .datastore import Datastore
 from ..draft.drafter import Block
 from .config import Sampling, SpecConfig
 from .generation import (Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill_counted,
                          sampling_generator)
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
-from .lookup import lookup_copy
+from .sources import ContextLookup, Draft
 from ..model.transformer import Transformer
 from .overlap import Verification, closing, make_overlap
 from .row_price import RowPrice
@@ -83,39 +81,6 @@ class RoundInfo:
     copied: bool = False  # lookup: this round's draft was copied from the context (d3d.decode.lookup) or the datastore
     stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.decode.datastore)
     min_prob: float = 0.0  # the verify_min_prob this round's drafts were cut at (measured with "auto")
-
-
-@dataclass
-class Draft:
-    """One sequence's draft for a round, on the host: tokens d_1..d_n, the drafter's probability of
-    each, and its most probable tokens per position (what hypotheses are built from)."""
-
-    tokens: list[int]
-    confidence: list[float]
-    top_ids: list[list[int]]
-    top_probs: list[list[float]]
-    guess: int | None = None  # the block's first token (the bonus it assumed)
-
-    @property
-    def certainty(self) -> float:
-        p = 1.0
-        for c in self.confidence:
-            p *= c
-        return p
-
-    def likely_length(self, min_prob: float) -> int:
-        """How many leading drafts the drafter believes in jointly with probability >= ``min_prob``
-        (its estimate that verification accepts all of them)."""
-        p, n = 1.0, 0
-        for c in self.confidence:
-            p *= c
-            if p < min_prob:
-                break
-            n += 1
-        return n
-
-    def truncated(self, n: int) -> "Draft":
-        return Draft(self.tokens[:n], self.confidence[:n], self.top_ids[:n], self.top_probs[:n], self.guess)
 
 
 @dataclass
@@ -247,21 +212,23 @@ class Drafting:
     the hypotheses pass (steps 1, 3 and the drafter's part of 4 in the module docstring)."""
 
     def __init__(self, drafter: "Drafter", dcache, seqs: Sequences, stats: GenerationStats, block_size: int,
-                 use_hyps: bool, K: int, fanout: int, successor_threshold: float, leaves: int = 0):
+                 use_hyps: bool, K: int, fanout: int, successor_threshold: float, leaves: int = 0, sources=()):
         self.drafter, self.dcache, self.committed, self.stats, self.B = drafter, dcache, seqs.committed, stats, block_size
+        self.sources = list(sources)  # asked in order before the drafter (d3d.decode.sources)
         self.use_hyps, self.K, self.fanout, self.threshold, self.L = use_hyps, K, fanout, successor_threshold, leaves
         # top tokens kept per position: the bonus candidates of hypotheses and leaves
         self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
         self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
 
-    def prepare(self, rows: list[int], lookup: int, clock: Clock, datastore: Datastore | None = None) -> RoundDrafts:
-        """Step 1: a row keeps its ready draft (a hypothesis of the last round hit); else, with
-        ``lookup``, copies one from its context, or with ``datastore`` looks one up there; else the
-        drafter drafts it in one pass for all such rows."""
-        need = [i for i in rows if self.ready[i] is None]
-        copied = set(need)
-        need, stored = self.copy(need, lookup, datastore)
-        copied.difference_update(need)
+    def prepare(self, rows: list[int], clock: Clock) -> RoundDrafts:
+        """Step 1: a row keeps its ready draft (a hypothesis of the last round hit); else the first of
+        ``sources`` that proposes one gives it; else the drafter drafts it, in one pass for all such rows."""
+        need, source = [], {}
+        for i in rows:
+            if self.ready[i] is None:
+                self.ready[i], source[i] = self.propose(self.committed[i])
+                if self.ready[i] is None:
+                    need.append(i)
         seconds = 0.0
         if need:
             fresh, (t0, t1) = clock.timed(lambda: self.draft(need))
@@ -269,7 +236,19 @@ class Drafting:
                 self.ready[i] = d
             seconds = t1 - t0
             self.stats.draft_seconds += seconds
+        copied = {i for i, name in source.items() if name is not None}
+        stored = {i for i, name in source.items() if name == "datastore"}
         return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, stored, seconds)
+
+    def propose(self, context: list[int]) -> tuple[Draft | None, str | None]:
+        """The first proposal of ``sources`` for ``context`` and the source's name, counted; (None, None)."""
+        for source in self.sources:
+            draft = source.propose(context, self.B - 1)
+            if draft is not None and draft.tokens:
+                counter = f"{source.name}_drafts"
+                setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+                return draft, source.name
+        return None, None
 
     def draft(self, rows: list[int]) -> list[Draft]:
         """Step 1 for rows without a ready draft: one drafter pass over each row's uncached committed
@@ -288,29 +267,6 @@ class Drafting:
         if self.drafter.dcfg.denoise_steps > 1:  # its later steps re-run whole blocks: all-accepted only
             return [Hypothesis(len(draft.tokens), None, draft.certainty)]
         return outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, self.K, self.fanout)
-
-    def copy(self, rows: list[int], min_ngram: int, datastore: Datastore | None = None) -> tuple[list[int], set[int]]:
-        """Step 1 by lookup: each row whose last ``min_ngram``+ tokens occurred before (``min_ngram``
-        0: never) gets the chain that followed them as its draft (``d3d.decode.lookup``'s estimates as its
-        confidences, no leaves); a row
-        without one gets the ``datastore``'s chain, if it has one (its estimates, and its runner-up
-        tokens as leaves). The drafter is not asked. Returns the rows that still need the drafter,
-        and the rows that drafted from the datastore."""
-        rest, stored = [], set()
-        for i in rows:
-            found = lookup_copy(self.committed[i], min_ngram, self.B - 1) if min_ngram else None
-            if found is not None:
-                self.ready[i] = Draft(found.tokens, found.confidence, [], [])
-                self.stats.lookup_drafts += 1
-                continue
-            found = datastore.chain(self.committed[i], self.B - 1) if datastore is not None else None
-            if found is not None and found.tokens:
-                self.ready[i] = Draft(found.tokens, found.confidence, found.top_ids, found.top_probs)
-                self.stats.datastore_drafts += 1
-                stored.add(i)
-            else:
-                rest.append(i)
-        return rest, stored
 
     def leaves(self, draft: Draft, n: int, min_score: float = 0.0) -> list[Hypothesis]:
         """Step 2's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed, those
@@ -382,13 +338,15 @@ def generate_speculative(
         seqs = Sequences(target, prompts, out, stats, tcache, sampling.temperature, sampling.seed)
         gen = sampling_generator(target.device, sampling)
         seqs.begin(prefill_counted(target, prompts, tcache, sampling, gen, stats, clock)[0])
-        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, spec.fanout, spec.successor_threshold, spec.leaves)
+        sources = ([ContextLookup(spec.lookup)] if spec.lookup else []) + ([spec.datastore] if spec.datastore else [])
+        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, spec.fanout, spec.successor_threshold, spec.leaves,
+                        sources)
         for rnd in itertools.count():
             if not (rows := out.active()):
                 break
             began = clock.now()
             # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
-            r = side.prepare(rows, spec.lookup, clock, spec.datastore)
+            r = side.prepare(rows, clock)
             # plan: how many drafts and which leaves are worth their rows
             min_prob = price.min_prob() if price else spec.verify_min_prob
             plan = plan_round(rows, r.drafts, side, min_prob, price, stats, target.device)

@@ -1,0 +1,71 @@
+"""Where a round's draft comes from: one shape, ``Draft``, whatever the source.
+
+A source proposes, for one sequence, a chain d_1..d_n after its committed tokens with the estimated
+probability of each given the ones before (``confidence``) and, where it has them, its likeliest
+tokens per position (``top_ids`` / ``top_probs``: what leaves and hypotheses are made of). A round
+asks, per row, until one answers (``d3d.decode.speculative.Drafting.prepare``):
+
+    a hypothesis of the last round   ready when it matched that round's outcome (``d3d.decode.hypotheses``)
+    ``ContextLookup``                the context repeats itself: copy what followed (``d3d.decode.lookup``)
+    ``Datastore``                    what the target's earlier answers continued with (``d3d.decode.datastore``)
+    the drafter                      one batched pass for every row still without a draft
+
+Every source but the drafter has ``name`` (its counter in ``GenerationStats``: ``<name>_drafts``)
+and ``propose(context, max_len) -> Draft | None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .lookup import lookup_copy
+
+
+@dataclass
+class Draft:
+    """One sequence's draft for a round, on the host: tokens d_1..d_n, the drafter's probability of
+    each, and its most probable tokens per position (what hypotheses are built from)."""
+
+    tokens: list[int]
+    confidence: list[float]
+    top_ids: list[list[int]]
+    top_probs: list[list[float]]
+    guess: int | None = None  # the block's first token (the bonus it assumed)
+
+    @property
+    def certainty(self) -> float:
+        p = 1.0
+        for c in self.confidence:
+            p *= c
+        return p
+
+    def likely_length(self, min_prob: float) -> int:
+        """How many leading drafts the drafter believes in jointly with probability >= ``min_prob``
+        (its estimate that verification accepts all of them)."""
+        p, n = 1.0, 0
+        for c in self.confidence:
+            p *= c
+            if p < min_prob:
+                break
+            n += 1
+        return n
+
+    def truncated(self, n: int) -> "Draft":
+        return Draft(self.tokens[:n], self.confidence[:n], self.top_ids[:n], self.top_probs[:n], self.guess)
+
+
+class ContextLookup:
+    """Prompt lookup as a draft source: after a match of ``min_ngram``+ tokens, the tokens that
+    followed, with ``d3d.decode.lookup``'s estimates as confidences (no runner-up tokens: no leaves)."""
+
+    name = "lookup"
+
+    def __init__(self, min_ngram: int):
+        self.min_ngram = min_ngram
+
+    def propose(self, context: list[int], max_len: int) -> Draft | None:
+        found = lookup_copy(context, self.min_ngram, max_len)
+        return None if found is None else Draft(found.tokens, found.confidence, [], [])
+
+
+__all__ = ["Draft", "ContextLookup"]
