@@ -19,6 +19,7 @@ commands:
   generate      generate text (default: bundled target + D3D drafter; sync on a CPU, async on CUDA)
   doctor        this machine, what is installed, and what each mode uses here (start bug reports with it)
   build-kernels build the C++ CPU kernels now (otherwise on first use, ~35 s each)
+  serve         an OpenAI-compatible HTTP server (chat/completions, streaming) on loopback
   init          write a randomly initialised checkpoint (for trying the pipeline without weights)
   train-target  train a BPE tokenizer and pretrain a small Qwen3 on Python source
   train-drafter train a D3D block-diffusion drafter on the target's own continuations
@@ -357,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="command")
 
-    for add in (add_demo_parser, add_generate_parser, add_doctor_parser, add_init_parser, add_train_target_parser, add_train_drafter_parser,
+    for add in (add_demo_parser, add_generate_parser, add_serve_parser, add_doctor_parser, add_init_parser, add_train_target_parser, add_train_drafter_parser,
                 add_train_dflash_parser, add_convert_gguf_parser, add_prune_parser):
         add(sub)
     return p
@@ -406,6 +407,45 @@ def add_weights_argument(p) -> None:
                         "groups of 32 with a scale and a min (changes the model more); dense (in --dtype), fp32, "
                         "bf16: dense (dequantizing a quantized checkpoint). D3D_WEIGHTS overrides auto "
                         "(d3d/cpu/precision.py)")
+
+
+def add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, streaming)",
+                       description="Serve POST /v1/chat/completions and /v1/completions (stream or not), GET "
+                                   "/v1/models and /health, with speculative decoding. Requests are decoded one at a "
+                                   "time in arrival order. Binds to loopback unless --host says otherwise.")
+    s.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
+    s.add_argument("--drafter", help="drafter directory (default: the bundled drafter that fits the model)")
+    add_spec_arguments(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    add_weights_argument(s)
+    s.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+    s.set_defaults(fn=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    import d3d
+    from d3d.decode.config import SpecConfig
+    from d3d.draft.pick import pick_drafter
+    from d3d.serve.server import model_name, run_forever, serve
+
+    model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model_dir}: no config.json there (expected a HF checkpoint directory)")
+    target = d3d.load_model(model_dir, dtype=args.dtype, weights=args.weights)
+    asked, knobs = spec_from_args(args)
+    mode, drafter, note = pick_drafter(target, asked, args.drafter)
+    if note:
+        print(f"d3d serve: {note}", file=sys.stderr)
+    spec = SpecConfig(mode, **knobs)
+    try:
+        server = serve(target, d3d.load_tokenizer(model_dir), drafter, spec, model_name(model_dir), args.host,
+                       args.port, args.quiet)
+    except OSError as e:
+        raise ValueError(f"--host {args.host} --port {args.port}: cannot listen there ({e.strerror})") from None
+    return run_forever(server)
 
 
 def add_demo_parser(sub) -> None:

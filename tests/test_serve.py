@@ -1,0 +1,189 @@
+"""d3d serve: the official openai client against a server on a free loopback port; greedy answers equal
+d3d.generate's token for token; malformed requests get a 4xx naming the field; a client that goes away
+mid-stream does not stop the others."""
+
+import http.client
+import json
+import socket
+import threading
+
+import pytest
+
+import d3d
+from d3d.assets import BUNDLED_TARGET, models_dir
+from d3d.draft.pick import pick_drafter
+from d3d.serve.server import TextStream, serve
+
+openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
+MODEL_DIR = models_dir() / BUNDLED_TARGET
+
+
+@pytest.fixture(scope="module")
+def server():
+    target = d3d.load_model(MODEL_DIR)
+    tok = d3d.load_tokenizer(MODEL_DIR)
+    mode, drafter, _ = pick_drafter(target, "sync")
+    srv = serve(target, tok, drafter, d3d.SpecConfig(mode), "target-16m", port=0, quiet=True)
+    yield srv, target, tok, drafter
+    srv.drain(timeout=60)
+
+
+def client(srv):
+    host, port = srv.server_address[:2]
+    return openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def expected(target, tok, drafter, ids, n):
+    stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
+    out = d3d.generate(target, ids, max_new_tokens=n, spec="sync", drafter=drafter, stop_ids=stops)
+    return out.tokens[0]
+
+
+def test_completions_stream_and_not_equal_generate(server):
+    srv, target, tok, drafter = server
+    c = client(srv)
+    ids = tok.encode("def read_config(path):")
+    want = tok.decode(expected(target, tok, drafter, ids, 24), skip_special_tokens=True)
+    whole = c.completions.create(model="target-16m", prompt="def read_config(path):", max_tokens=24)
+    assert whole.choices[0].text == want and whole.usage.prompt_tokens == len(ids)
+    assert whole.usage.completion_tokens == 24 and whole.choices[0].finish_reason == "length"
+    parts = [e.choices[0].text for e in c.completions.create(model="target-16m", prompt="def read_config(path):",
+                                                              max_tokens=24, stream=True) if e.choices]
+    assert "".join(parts) == want and len([p for p in parts if p]) > 1  # it arrived in pieces
+
+
+def test_chat_stream_and_not_equal_generate(server):
+    srv, target, tok, drafter = server
+    c = client(srv)
+    messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    want = tok.decode(expected(target, tok, drafter, tok.encode_chat(messages), 20), skip_special_tokens=True)
+    whole = c.chat.completions.create(model="target-16m", messages=messages, max_tokens=20)
+    assert whole.choices[0].message.content == want and whole.choices[0].message.role == "assistant"
+    stream = c.chat.completions.create(model="target-16m", messages=messages, max_tokens=20, stream=True)
+    assert "".join(e.choices[0].delta.content or "" for e in stream if e.choices) == want
+    assert [m.id for m in c.models.list().data] == ["target-16m"]
+
+
+def test_stop_strings_end_the_answer_before_them(server):
+    srv, target, tok, drafter = server
+    c = client(srv)
+    full = c.completions.create(model="target-16m", prompt="import os\n", max_tokens=40).choices[0].text
+    stop = full[10:13]
+    assert stop and stop in full
+    cut = c.completions.create(model="target-16m", prompt="import os\n", max_tokens=40, stop=[stop])
+    assert cut.choices[0].text == full[:full.index(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = c.completions.create(model="target-16m", prompt="import os\n", max_tokens=40, stop=stop, stream=True)
+    assert "".join(e.choices[0].text for e in streamed if e.choices) == full[:full.index(stop)]
+
+
+@pytest.mark.parametrize("body, status, field", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"model": "gpt-9", "prompt": "x"}).encode(), 404, "model"),
+    (json.dumps({"max_tokens": 4}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": 3}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "max_tokens": "many"}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "max_tokens": 10 ** 9}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x " * 5000}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "stream"),
+])
+def test_malformed_requests_get_a_4xx_naming_the_field(server, body, status, field):
+    srv = server[0]
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    res = conn.getresponse()
+    err = json.loads(res.read())["error"]
+    assert res.status == status and err["param"] == field and err["message"]
+
+
+def test_chat_messages_are_checked(server):
+    srv = server[0]
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+    for messages, param in (([], "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role"),
+                            ([{"role": "user", "content": 5}], "messages[0].content")):
+        conn.request("POST", "/v1/chat/completions", json.dumps({"messages": messages}).encode())
+        res = conn.getresponse()
+        assert res.status == 400 and json.loads(res.read())["error"]["param"] == param
+    conn.request("GET", "/nowhere")
+    res = conn.getresponse()
+    assert res.status == 404 and json.loads(res.read())["error"]["message"]
+
+
+def test_a_client_gone_mid_stream_does_not_stop_the_others(server):
+    srv, target, tok, drafter = server
+    host, port = srv.server_address[:2]
+    body = json.dumps({"prompt": "import os\n", "max_tokens": 1500, "stream": True}).encode()
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while b"data: " not in got:  # the stream began; hang up
+            got += sock.recv(4096)
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(client(srv).completions.create(
+        model="target-16m", prompt="def add(a, b):", max_tokens=12).choices[0].text)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    want = tok.decode(expected(target, tok, drafter, tok.encode("def add(a, b):"), 12), skip_special_tokens=True)
+    assert answers == [want] * 3
+    assert srv.worker.abandoned == 1  # the 1500-token generation ended when its client went away
+
+
+def test_the_d3d_extension_reports_rounds(server):
+    srv = server[0]
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "import os\n", "max_tokens": 24, "stream": True,
+                                                        "d3d": True}).encode())
+    events = [json.loads(line[6:]) for line in conn.getresponse().read().decode().splitlines()
+              if line.startswith("data: {")]
+    rounds = [e["d3d"] for e in events if e.get("d3d")]
+    assert rounds and all({"draft", "accepted", "bonus", "source"} <= set(r) for r in rounds)
+    assert events[-1]["usage"]["completion_tokens"] == 24
+
+
+def test_text_stream_holds_back_what_may_start_a_stop_string():
+    class Tok:  # one character per id
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(i) for i in ids)
+
+    s = TextStream(Tok(), ["END"])
+    assert s.add([ord("a"), ord("b"), ord("E")]) == "ab"  # "E" may begin "END"
+    assert s.add([ord("x")]) == "Ex"
+    assert s.add([ord("E"), ord("N")]) == "" and not s.stopped
+    assert s.add([ord("D"), ord("z")]) == "" and s.stopped and s.flush() == ""
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits(tmp_path):
+    """The CLI: python -m d3d serve --port 0 says where it listens; SIGTERM during a streamed answer lets
+    that answer finish ([DONE]) and the process exit 0."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "d3d", "serve", "--port", "0", "--quiet"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "http://" not in line:
+            line = proc.stderr.readline()
+            assert line, "the server ended before listening"
+        host, port = re.search(r"http://([\d.]+):(\d+)/v1", line).groups()
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "import os\n", "max_tokens": 400,
+                                                            "stream": True}).encode())
+        res = conn.getresponse()
+        assert res.fp.readline().startswith(b"data: ")
+        proc.send_signal(signal.SIGTERM)
+        rest = res.read().decode()
+        assert rest.rstrip().endswith("data: [DONE]") and '"finish_reason": "length"' in rest
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
