@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import queue
 import signal
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -238,6 +239,16 @@ class D3DServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.worker, self.model_name, self.quiet = worker, model_name, quiet
         self.in_flight, self.idle = 0, threading.Condition()
+        self.connections: dict[threading.Thread, socket.socket] = {}  # open connections and their threads
+
+    def process_request_thread(self, request, client_address):
+        with self.idle:
+            self.connections[threading.current_thread()] = request
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.idle:
+                self.connections.pop(threading.current_thread(), None)
 
     def track(self, delta: int) -> None:
         with self.idle:
@@ -251,6 +262,14 @@ class D3DServer(ThreadingHTTPServer):
         self.worker.close()
         with self.idle:
             self.idle.wait_for(lambda: self.in_flight == 0, timeout)
+            open_now = dict(self.connections)
+        for sock in open_now.values():  # idle keep-alive connections: wake their threads, which then end
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in open_now:  # no thread may outlive the server (one ending with the process aborted it)
+            thread.join(timeout)
         self.server_close()
 
 
@@ -270,7 +289,8 @@ def run_forever(server: D3DServer) -> int:
     host, port = server.server_address[:2]
     print(f"d3d serve: {server.model_name} on http://{host}:{port}/v1 (spec: {server.worker.spec}); "
           "Ctrl-C to stop", file=sys.stderr, flush=True)
-    done.wait()
+    while not done.wait(0.5):  # a timed wait: a signal delivered to another thread still runs its handler
+        pass
     print("d3d serve: stopping: finishing the requests in flight", file=sys.stderr, flush=True)
     server.drain()
     return 0
