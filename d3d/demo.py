@@ -53,10 +53,10 @@ def run_demo(model: str | Path | None = None, drafter: str | Path | None = None,
     ar = generate(target, ids, spec="ar", **common)
     log(f"decoding with {mode}, streamed:")
     print(("" if chat else prompt), end="", file=out, flush=True)
-    spec = generate(target, ids, drafter=draft, stream=StreamPrinter(tok, out), spec=mode, **common)
+    fast = generate(target, ids, drafter=draft, stream=StreamPrinter(tok, out), spec=mode, **common)
     print(file=out)
-    identical = spec.tokens == ar.tokens
-    a, s = ar.stats, spec.stats
+    identical = fast.tokens == ar.tokens
+    a, s = ar.stats, fast.stats
     print(f"{mode}: {s.total_generated} tokens at {s.tokens_per_second:.1f} tok/s, τ {s.tau:.2f} | "
           f"ar: {a.total_generated} tokens at {a.tokens_per_second:.1f} tok/s | "
           f"{s.tokens_per_second / a.tokens_per_second:.2f}x ar, identical to ar: {'yes' if identical else 'NO'}",

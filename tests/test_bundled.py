@@ -107,7 +107,7 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     runs = (("sync", {}), ("sync", dict(leaves=4, lookup=0) if leaves else dict(lookup=0)), ("async", {}))
     for mode, kw in runs:
         out = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids(), drafter=drafter,
-                           spec=mode, **kw)
+                           spec=SpecConfig(mode, **kw))
         assert out.tokens == ar.tokens, (mode, kw)
         assert out.stats.tau > (1.5 if leaves or "lookup" not in kw else 1.1)  # the drafter alone, no leaves: less
         hits += out.stats.leaf_hits
