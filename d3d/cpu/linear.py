@@ -124,8 +124,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return p(x, bias)
 
 
-__all__ = ["available", "packs", "pack", "linear", "matmul_path", "PackedWeight", "PanelWeight"]
-
 
 def matmul_path(model) -> str:
     """Which code multiplies ``model``'s matrices here, in a few words (the summary line and
@@ -138,3 +136,6 @@ def matmul_path(model) -> str:
     if model.dtype == torch.float32 and skinny.wanted():
         return "fp32 panels (skinny_gemm.cpp)"
     return f"oneDNN {str(model.dtype).removeprefix('torch.')}" if available() else "torch"
+
+
+__all__ = ["available", "packs", "pack", "linear", "matmul_path", "PackedWeight", "PanelWeight"]

@@ -68,4 +68,9 @@ class ContextLookup:
         return None if found is None else Draft(found.tokens, found.confidence, [], [])
 
 
-__all__ = ["Draft", "ContextLookup"]
+def draft_sources(spec) -> list:
+    """The sources a ``SpecConfig`` asks for, in the order a round asks them."""
+    return ([ContextLookup(spec.lookup)] if spec.lookup else []) + ([spec.datastore] if spec.datastore else [])
+
+
+__all__ = ["Draft", "ContextLookup", "draft_sources"]

@@ -47,7 +47,7 @@ from .generation import (Clock, GenerationOutput, GenerationStats, Output, Strea
                          sampling_generator)
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
-from .sources import ContextLookup, Draft
+from .sources import Draft, draft_sources
 from ..model.transformer import Transformer
 from .overlap import Verification, closing, make_overlap
 from .row_price import RowPrice
@@ -331,16 +331,14 @@ def generate_speculative(
                             hits_by_accept=[0] * B)
     out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
     longest = max(len(p) for p in prompts) + max_new_tokens
-
     with closing(make_overlap(spec.overlap if use_hyps else "none", clock, target, drafter)) as ov:
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1 + spec.leaves, longest + (K + 2) * B + 2)
         seqs = Sequences(target, prompts, out, stats, tcache, sampling.temperature, sampling.seed)
         gen = sampling_generator(target.device, sampling)
         seqs.begin(prefill_counted(target, prompts, tcache, sampling, gen, stats, clock)[0])
-        sources = ([ContextLookup(spec.lookup)] if spec.lookup else []) + ([spec.datastore] if spec.datastore else [])
         side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, spec.fanout, spec.successor_threshold, spec.leaves,
-                        sources)
+                        draft_sources(spec))
         for rnd in itertools.count():
             if not (rows := out.active()):
                 break
@@ -348,8 +346,7 @@ def generate_speculative(
             # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
             r = side.prepare(rows, clock)
             # plan: how many drafts and which leaves are worth their rows
-            min_prob = price.min_prob() if price else spec.verify_min_prob
-            plan = plan_round(rows, r.drafts, side, min_prob, price, stats, target.device)
+            plan = plan_round(rows, r.drafts, side, spec.verify_min_prob, price, stats, target.device)
             # 2 verify || 3 draft ahead for the likeliest outcomes (async)
             hyps = {i: side.likeliest_outcomes(plan.drafts[i]) for i in rows}
             job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps)
@@ -385,11 +382,12 @@ class Plan:
     min_prob: float | str
 
 
-def plan_round(rows: list[int], drafts: dict[int, Draft], side: "Drafting", min_prob: float,
+def plan_round(rows: list[int], drafts: dict[int, Draft], side: "Drafting", min_prob: float | str,
                price: RowPrice | None, stats: GenerationStats, device: torch.device) -> Plan:
     """The drafts worth their rows (the longest run over the rows whose joint estimate beats
-    ``min_prob``, ``Draft.likely_length``) and the leaves: a fixed ``min_prob`` cuts drafts only; a
-    measured ``price`` (``d3d.decode.row_price``) is what any row costs, leaves too."""
+    ``min_prob``, ``Draft.likely_length``) and the leaves: a fixed ``min_prob`` cuts drafts only; with
+    ``"auto"`` the measured ``price`` (``d3d.decode.row_price``) is the threshold, for any row, leaves too."""
+    min_prob = price.min_prob() if price else min_prob
     width = verify_width([drafts[i] for i in rows], min_prob)
     leaves = [side.leaves(drafts[i], width, min_prob if price else 0.0) for i in rows]
     stats.verified_drafts += len(rows) * width
