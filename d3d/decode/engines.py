@@ -58,6 +58,56 @@ def check_limits(prompts: list[list[int]], max_new_tokens: int, max_positions: i
         )
 
 
+class ArDecoder:
+    """Autoregressive decoding over ``rows`` cache rows that sequences join (``admit``) and leave (done,
+    or ``drop``) between steps: one target forward per step gives every active row one token."""
+
+    def __init__(self, model: Transformer, sampling: Sampling, stop_ids: set[int], rows: int, max_len: int,
+                 stream: StreamFn | None = None):
+        self.model, self.sampling, self.clock = model, sampling, Clock()
+        self.gen = sampling_generator(model.device, sampling)
+        self.stats = GenerationStats("ar", rows, [0] * rows, [0] * rows)
+        self.out = Output(rows, 0, stop_ids, stream)
+        self.out.done = [True] * rows  # a row decodes once a sequence is admitted to it
+        self.cache = model.new_cache(rows=rows, max_len=max_len)
+
+    @torch.inference_mode()
+    def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
+        """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token."""
+        for i, p, m in zip(rows, prompts, max_new):
+            self.out.reset(i, m)
+            self.cache.crop(i, 0)
+            self.stats.num_prompt_tokens[i] = len(p)
+        first = prefill_counted(self.model, prompts, self.cache, self.sampling, self.gen, self.stats, self.clock,
+                                rows=rows)[0]
+        for i, t in zip(rows, first):
+            self.out.commit(i, [t])
+
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        """One token for every active row; returns those rows (none: nothing to decode)."""
+        rows = self.out.active()
+        if rows:
+            last = [self.out.tokens[i][-1] for i in rows]
+            logits = self.model(torch.tensor(last, device=self.model.device),
+                                self.cache.layout([1] * len(rows), rows=rows), self.cache)
+            s = self.sampling
+            for i, t in zip(rows, sample_next(logits, s.temperature, s.top_k, s.top_p, self.gen).tolist()):
+                self.out.commit(i, [t])
+            self.stats.target_forwards += 1
+        return rows
+
+    def drop(self, i: int) -> None:
+        """End row i's sequence now (its client went away); the row is free."""
+        self.out.done[i] = True
+
+    def finish(self) -> GenerationOutput:
+        return self.out.finish(self.stats, self.clock.now() - self.stats.prefill_seconds)
+
+    def close(self) -> None:
+        pass
+
+
 @torch.inference_mode()
 def generate_ar(
     model: Transformer,
@@ -69,26 +119,11 @@ def generate_ar(
 ) -> GenerationOutput:
     """One target forward per token. Sequences that finish drop out of the batch."""
     n = len(prompts)
-    temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
-    gen = sampling_generator(model.device, sampling)
-    stats = GenerationStats("ar", n, [len(p) for p in prompts], [0] * n)
-    out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
-    cache = model.new_cache(rows=n, max_len=max(len(p) for p in prompts) + max_new_tokens)
-    next_ids = prefill_counted(model, prompts, cache, sampling, gen, stats, clock)[0]
-
-    rows = list(range(n))
-    while True:
-        for i, t in zip(rows, next_ids):
-            out.commit(i, [t])
-        rows = out.active()
-        if not rows:
-            break
-        last = [out.tokens[i][-1] for i in rows]
-        layout = cache.layout([1] * len(rows), rows=rows)
-        logits = model(torch.tensor(last, device=model.device), layout, cache)
-        next_ids = sample_next(logits, temperature, top_k, top_p, gen).tolist()
-        stats.target_forwards += 1
-    return out.finish(stats, clock.now() - stats.prefill_seconds)
+    dec = ArDecoder(model, sampling, stop_ids, n, max(len(p) for p in prompts) + max_new_tokens, stream)
+    dec.admit(list(range(n)), prompts, [max_new_tokens] * n)
+    while dec.step():
+        pass
+    return dec.finish()
 
 
 def generate(
@@ -151,4 +186,4 @@ def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:
 
 
 __all__ = ["generate", "generate_ar", "generate_speculative", "generate_dflash", "GenerationOutput",
-           "GenerationStats", "RoundInfo", "MODES", "SpecConfig", "Sampling", "normalize_prompts", "check_limits"]
+           "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig", "Sampling", "normalize_prompts", "check_limits"]

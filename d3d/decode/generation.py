@@ -104,17 +104,22 @@ class GenerationOutput:
 
 
 class Output:
-    """Per-sequence output buffers, stop handling and streaming."""
+    """Per-sequence output buffers, stop handling and streaming. ``max_new``: one limit for every
+    sequence, or one each; ``reset`` gives a row to a new sequence (a decoder's rows are reused)."""
 
-    def __init__(self, n: int, max_new: int, stop_ids: set[int], stream: StreamFn | None):
+    def __init__(self, n: int, max_new: int | list[int], stop_ids: set[int], stream: StreamFn | None):
         self.tokens = [[] for _ in range(n)]
         self.done = [False] * n
         self.stopped = [False] * n
-        self.max_new, self.stop_ids, self.stream = max_new, stop_ids, stream
+        self.max_new = [max_new] * n if isinstance(max_new, int) else list(max_new)
+        self.stop_ids, self.stream = stop_ids, stream
+
+    def reset(self, i: int, max_new: int) -> None:
+        self.tokens[i], self.done[i], self.stopped[i], self.max_new[i] = [], False, False, max_new
 
     def commit(self, i: int, new: list[int]) -> list[int]:
         """Append ``new`` to sequence i, cut at the first stop token or at max_new_tokens."""
-        room = self.max_new - len(self.tokens[i])
+        room = self.max_new[i] - len(self.tokens[i])
         new = new[:room]
         for j, t in enumerate(new):
             if t in self.stop_ids:
@@ -122,7 +127,7 @@ class Output:
                 self.stopped[i] = True
                 break
         self.tokens[i].extend(new)
-        if self.stopped[i] or len(self.tokens[i]) >= self.max_new:
+        if self.stopped[i] or len(self.tokens[i]) >= self.max_new[i]:
             self.done[i] = True
         if self.stream and new:
             self.stream(i, new)
@@ -156,10 +161,11 @@ class Clock:
 
 def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, temperature: float,
             gen: torch.Generator | None, hidden_layers: tuple[int, ...] = (), top_k: int | None = None,
-            top_p: float | None = None):
-    """One target pass over every prompt (its K/V cached); returns the first generated token of each
-    sequence, and with ``hidden_layers`` also those layers' hidden states of every prompt token."""
-    layout = cache.layout([len(p) for p in prompts])
+            top_p: float | None = None, rows: list[int] | None = None):
+    """One target pass over every prompt (its K/V cached in cache row ``rows[i]``, default i); returns
+    the first generated token of each sequence, and with ``hidden_layers`` also those layers' hidden
+    states of every prompt token."""
+    layout = cache.layout([len(p) for p in prompts], rows)
     ids = torch.tensor([t for p in prompts for t in p], device=target.device)
     if hidden_layers:
         logits, hidden = target(ids, layout, cache, hidden_layers=hidden_layers)
@@ -175,13 +181,14 @@ def sampling_generator(device: torch.device, sampling) -> torch.Generator | None
 
 def prefill_counted(target: Transformer, prompts: list[list[int]], cache: KVCache, sampling,
                     gen: torch.Generator | None, stats: GenerationStats, clock: Clock,
-                    hidden_layers: tuple[int, ...] = ()):
+                    hidden_layers: tuple[int, ...] = (), rows: list[int] | None = None):
     """The prologue every engine shares: ``prefill`` with ``sampling`` (a ``d3d.decode.config.Sampling``)
-    and ``gen`` (``sampling_generator``), counted as a target forward, its time the stats'
+    and ``gen`` (``sampling_generator``), counted as a target forward, its time added to the stats'
     ``prefill_seconds``. Returns ``prefill``'s pair."""
-    first = prefill(target, prompts, cache, sampling.temperature, gen, hidden_layers, sampling.top_k, sampling.top_p)
+    first, (t0, t1) = clock.timed(lambda: prefill(target, prompts, cache, sampling.temperature, gen, hidden_layers,
+                                                  sampling.top_k, sampling.top_p, rows))
     stats.target_forwards += 1
-    stats.prefill_seconds = clock.now()
+    stats.prefill_seconds += t1 - t0
     return first
 
 

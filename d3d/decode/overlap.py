@@ -12,7 +12,6 @@ and their time spans. The strategies differ only in how the two passes share the
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -148,12 +147,4 @@ def make_overlap(name: str, clock: Clock, target: Transformer, drafter) -> Seria
     raise ValueError(f"overlap={name!r}: expected one of {OVERLAPS}")
 
 
-@contextlib.contextmanager
-def closing(overlap: Serial):
-    try:
-        yield overlap
-    finally:
-        overlap.close()
-
-
-__all__ = ["Verification", "Serial", "Streamed", "Packed", "SideStream", "make_overlap", "packed_pair", "closing"]
+__all__ = ["Verification", "Serial", "Streamed", "Packed", "SideStream", "make_overlap", "packed_pair"]

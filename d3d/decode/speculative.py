@@ -35,7 +35,6 @@ docs/results/leaves/probe_hypotheses.json).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -49,7 +48,7 @@ from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
 from .sources import Draft, draft_sources
 from ..model.transformer import Transformer
-from .overlap import Verification, closing, make_overlap
+from .overlap import Verification, make_overlap
 from .row_price import RowPrice
 
 if TYPE_CHECKING:
@@ -116,8 +115,9 @@ class Sequences:
         self.committed = [list(p) for p in prompts]
         self.temperature, self.seed = temperature, seed
 
-    def begin(self, first: list[int]) -> None:
-        for i, t in enumerate(first):
+    def begin(self, first: list[int], rows: list[int] | None = None) -> None:
+        """Commit each sequence's first token (the prefill's); ``rows[j]`` is the row of ``first[j]``."""
+        for i, t in zip(range(len(first)) if rows is None else rows, first):
             self.committed[i].append(t)
             self.out.commit(i, [t])
 
@@ -308,6 +308,93 @@ class Drafting:
         return hit
 
 
+class SpeculativeDecoder:
+    """D3D's rounds (sync or async, every knob of ``spec`` set: ``SpecConfig.resolve``) over ``rows`` cache
+    rows that sequences join (``admit``) and leave (done, or ``drop``) between rounds; ``step`` is one
+    round, the module docstring's steps. ``generate_speculative`` admits every prompt at once; the
+    server admits requests as they come. A drafter with ``denoise_steps > 1`` drafts only the
+    all-accepted hypothesis (its later steps re-run whole blocks); in a batch every row verifies as many
+    drafts as the shortest row's draft has."""
+
+    def __init__(self, target: Transformer, drafter: "Drafter", spec: SpecConfig, sampling: Sampling,
+                 stop_ids: set[int], rows: int, max_len: int, stream: StreamFn | None = None,
+                 on_round: Callable[[RoundInfo], None] | None = None):
+        B, use_hyps = spec.block_size or drafter.block_size, spec.mode == "async"
+        K = spec.hypotheses if drafter.dcfg.denoise_steps == 1 else 1
+        self.target, self.spec, self.sampling, self.on_round, self.rnd = target, spec, sampling, on_round, 0
+        self.price = RowPrice() if spec.verify_min_prob == "auto" else None
+        self.stats = GenerationStats(spec.mode, rows, [0] * rows, [0] * rows, block_size=B, accept_hist=[0] * B,
+                                     hits_by_accept=[0] * B)
+        self.out, self.clock = Output(rows, 0, stop_ids, stream), Clock()
+        self.out.done = [True] * rows  # a row decodes once a sequence is admitted to it
+        self.ov = make_overlap(spec.overlap if use_hyps else "none", self.clock, target, drafter)
+        # caches: the drafter's has room for the K hypothesis blocks after a clean run
+        tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
+        self.seqs = Sequences(target, [[] for _ in range(rows)], self.out, self.stats, tcache, sampling.temperature,
+                              sampling.seed)
+        self.gen = sampling_generator(target.device, sampling)
+        self.side = Drafting(drafter, dcache, self.seqs, self.stats, B, use_hyps, K, spec.fanout,
+                             spec.successor_threshold, spec.leaves, draft_sources(spec))
+
+    @torch.inference_mode()
+    def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
+        """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token."""
+        for i, p, m in zip(rows, prompts, max_new):
+            self.seqs.committed[i] = list(p)
+            self.out.reset(i, m)
+            self.seqs.tcache.crop(i, 0)
+            self.side.dcache.crop(i, 0)
+            self.side.ready[i] = None
+            self.stats.num_prompt_tokens[i] = len(p)
+        self.seqs.begin(prefill_counted(self.target, prompts, self.seqs.tcache, self.sampling, self.gen, self.stats,
+                                        self.clock, rows=rows)[0], rows)
+
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        """One round for every active row; returns those rows (none: nothing to decode)."""
+        rows, rnd, side, seqs, stats, clock = self.out.active(), self.rnd, self.side, self.seqs, self.stats, self.clock
+        if not rows:
+            return rows
+        began = clock.now()
+        # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
+        r = side.prepare(rows, clock)
+        # plan: how many drafts and which leaves are worth their rows
+        plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price, stats, self.target.device)
+        # 2 verify || 3 draft ahead for the likeliest outcomes (async)
+        hyps = {i: side.likeliest_outcomes(plan.drafts[i]) for i in rows}
+        job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps)
+        t_logits, d_logits, v_span, d_span = self.ov.run(seqs.verification(rows, plan.ids, self.spec.exact,
+                                                                           plan.leaves), job)
+        # 4 accept
+        outcomes = seqs.judge(t_logits, plan.ids, [plan.drafts[i].tokens for i in rows], rnd, plan.leaves)
+        successors = side.finish(job, d_logits)
+        stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
+        # 5 commit, and keep the successor that matches the outcome
+        per_row, gained = iter(successors), 0
+        for i, o in zip(rows, outcomes):
+            mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
+            hit = side.settle(i, o, hyps[i], mine)
+            new = seqs.commit(i, o, plan.width)
+            gained += len(new)
+            if self.on_round:
+                self.on_round(round_info(rnd, i, plan, r, o, new, hyps[i], mine, hit, v_span, d_span))
+        if self.price:
+            self.price.observe(len(rows) * (plan.width + 1) + sum(map(len, plan.leaves)), v_span[1] - v_span[0],
+                               gained, clock.now() - began)
+        self.rnd += 1
+        return rows
+
+    def drop(self, i: int) -> None:
+        """End row i's sequence now (its client went away); the row is free."""
+        self.out.done[i] = True
+
+    def finish(self) -> GenerationOutput:
+        return self.out.finish(self.stats, self.clock.now() - self.stats.prefill_seconds)
+
+    def close(self) -> None:
+        self.ov.close()
+
+
 @torch.inference_mode()
 def generate_speculative(
     target: Transformer,
@@ -320,54 +407,18 @@ def generate_speculative(
     stream: StreamFn | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
 ) -> GenerationOutput:
-    """Speculative decoding with a D3D drafter, ``spec.mode`` sync or async, every knob of ``spec`` set
-    (``SpecConfig.resolve``); one round per loop: the module docstring's steps. Lossless whatever the knobs.
-    A drafter with ``denoise_steps > 1`` drafts only the all-accepted hypothesis (its later steps re-run
-    whole blocks); in a batch every row verifies as many drafts as the shortest row's draft has."""
-    B, n, use_hyps = spec.block_size or drafter.block_size, len(prompts), spec.mode == "async"
-    K = spec.hypotheses if drafter.dcfg.denoise_steps == 1 else 1
-    price = RowPrice() if spec.verify_min_prob == "auto" else None
-    stats = GenerationStats(spec.mode, n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B,
-                            hits_by_accept=[0] * B)
-    out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
-    longest = max(len(p) for p in prompts) + max_new_tokens
-    with closing(make_overlap(spec.overlap if use_hyps else "none", clock, target, drafter)) as ov:
-        # caches: the drafter's has room for the K hypothesis blocks after a clean run
-        tcache, dcache = ov.new_caches(target, drafter, n, longest + B + 1 + spec.leaves, longest + (K + 2) * B + 2)
-        seqs = Sequences(target, prompts, out, stats, tcache, sampling.temperature, sampling.seed)
-        gen = sampling_generator(target.device, sampling)
-        seqs.begin(prefill_counted(target, prompts, tcache, sampling, gen, stats, clock)[0])
-        side = Drafting(drafter, dcache, seqs, stats, B, use_hyps, K, spec.fanout, spec.successor_threshold, spec.leaves,
-                        draft_sources(spec))
-        for rnd in itertools.count():
-            if not (rows := out.active()):
-                break
-            began = clock.now()
-            # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
-            r = side.prepare(rows, clock)
-            # plan: how many drafts and which leaves are worth their rows
-            plan = plan_round(rows, r.drafts, side, spec.verify_min_prob, price, stats, target.device)
-            # 2 verify || 3 draft ahead for the likeliest outcomes (async)
-            hyps = {i: side.likeliest_outcomes(plan.drafts[i]) for i in rows}
-            job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps)
-            t_logits, d_logits, v_span, d_span = ov.run(seqs.verification(rows, plan.ids, spec.exact, plan.leaves), job)
-            # 4 accept
-            outcomes = seqs.judge(t_logits, plan.ids, [plan.drafts[i].tokens for i in rows], rnd, plan.leaves)
-            successors = side.finish(job, d_logits)
-            stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
-            # 5 commit, and keep the successor that matches the outcome
-            per_row, gained = iter(successors), 0
-            for i, o in zip(rows, outcomes):
-                mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
-                hit = side.settle(i, o, hyps[i], mine)
-                new = seqs.commit(i, o, plan.width)
-                gained += len(new)
-                if on_round:
-                    on_round(round_info(rnd, i, plan, r, o, new, hyps[i], mine, hit, v_span, d_span))
-            if price:
-                price.observe(len(rows) * (plan.width + 1) + sum(map(len, plan.leaves)), v_span[1] - v_span[0],
-                              gained, clock.now() - began)
-    return out.finish(stats, clock.now() - stats.prefill_seconds)
+    """Speculative decoding of every prompt with a D3D drafter (``SpeculativeDecoder``). Lossless whatever
+    the knobs."""
+    n = len(prompts)
+    dec = SpeculativeDecoder(target, drafter, spec, sampling, stop_ids, n, max(len(p) for p in prompts) + max_new_tokens,
+                             stream, on_round)
+    try:
+        dec.admit(list(range(n)), prompts, [max_new_tokens] * n)
+        while dec.step():
+            pass
+    finally:
+        dec.close()
+    return dec.finish()
 
 
 @dataclass
@@ -466,5 +517,5 @@ def generate_dflash(
     return out.finish(stats, clock.now() - stats.prefill_seconds)
 
 
-__all__ = ["generate_speculative", "generate_dflash", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts",
+__all__ = ["generate_speculative", "SpeculativeDecoder", "generate_dflash", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts",
            "verify_width", "RoundDrafts"]
