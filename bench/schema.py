@@ -31,6 +31,9 @@ gpu: ``device`` (versions, device name, memory), ``stages`` {name: {status ok|fa
     each stage's own JSON sits beside it in the output directory.
 answers: ``results`` = [{mode, seconds, answer_tokens, tok_s, same_answers}] (one row per generation
     mode, same requests), ``target``, ``dtype``.
+serve: ``results`` = [{mode, clients, requests, completed, errors, tokens, wall_seconds, tok_s, latency_p50,
+    latency_p90, ttft_p50, ttft_p90, vs_1_client, vs_ar}], ``model``, ``rss`` (None, or {requests, samples
+    [{requests, rss_mib}], seconds, growth_after_warmup}).
 parity: ``results`` = [{prompt, prompt_tokens, max_abs_logit_diff, argmax_agree, greedy_tokens,
     greedy_identical, ...}] for one real checkpoint (``model``, ``parameters``) vs transformers.
 """
@@ -112,6 +115,11 @@ def validate(payload: dict) -> None:
         for i, row in enumerate(payload["results"]):
             _check(row, {"mode": str, "seconds": NUM, "answer_tokens": int, "tok_s": NUM, "same_answers": int},
                    f"$.results[{i}]")
+    elif kind == "serve":
+        _check(payload, {"config": dict, "results": list, "model": str}, "$")
+        for i, row in enumerate(payload["results"]):
+            _check(row, {"mode": str, "clients": int, "requests": int, "completed": int, "tok_s": NUM,
+                         "latency_p50": NUM, "ttft_p50": NUM}, f"$.results[{i}]")
     elif kind == "parity":
         _check(payload, {"config": dict, "results": list, "model": str, "parameters": int}, "$")
         for i, row in enumerate(payload["results"]):

@@ -410,15 +410,24 @@ def add_weights_argument(p) -> None:
 
 
 def add_serve_parser(sub) -> None:
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, streaming)",
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, streaming) and a page "
+                                     "that shows each round",
                        description="Serve POST /v1/chat/completions and /v1/completions (stream or not), GET "
-                                   "/v1/models and /health, with speculative decoding. Requests are decoded one at a "
-                                   "time in arrival order. Binds to loopback unless --host says otherwise.")
+                                   "/v1/models and /health, with speculative decoding, and at / a page that shows "
+                                   "each round. Concurrent requests decode together (--slots at a time), joining "
+                                   "and leaving between rounds. A request may ask for another mode with the "
+                                   "d3d_mode field (ar, sync, async), and for each round's draft and outcome on "
+                                   "its stream with \"d3d\": true. Binds to loopback unless --host says otherwise.")
     s.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
     s.add_argument("--drafter", help="drafter directory (default: the bundled drafter that fits the model)")
     add_spec_arguments(s)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    s.add_argument("--slots", type=int, default=16,
+                   help="requests decoded together per decoding setting; more wait their turn (default 16)")
+    s.add_argument("--context", type=int, default=2048,
+                   help="longest prompt + answer a request may have, in tokens (default 2048; cut to what the "
+                        "models allow). Each slot holds a cache of this many tokens")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     add_weights_argument(s)
     s.add_argument("--quiet", action="store_true", help="no line per request on stderr")
@@ -436,13 +445,16 @@ def cmd_serve(args) -> int:
         raise FileNotFoundError(f"--model {model_dir}: no config.json there (expected a HF checkpoint directory)")
     target = d3d.load_model(model_dir, dtype=args.dtype, weights=args.weights)
     asked, knobs = spec_from_args(args)
-    mode, drafter, note = pick_drafter(target, asked, args.drafter)
+    if asked == "dflash":
+        raise ValueError("--mode dflash: d3d serve decodes ar, sync and async (DFlash is the offline baseline)")
+    mode, drafter, note = pick_drafter(target, None if asked == "ar" else asked, args.drafter)
+    mode = asked or mode  # ar still loads a drafter: a request may ask for sync or async
     if note:
         print(f"d3d serve: {note}", file=sys.stderr)
     spec = SpecConfig(mode, **knobs)
     try:
         server = serve(target, d3d.load_tokenizer(model_dir), drafter, spec, model_name(model_dir), args.host,
-                       args.port, args.quiet)
+                       args.port, args.quiet, args.slots, args.context)
     except OSError as e:
         raise ValueError(f"--host {args.host} --port {args.port}: cannot listen there ({e.strerror})") from None
     return run_forever(server)

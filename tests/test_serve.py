@@ -12,7 +12,8 @@ import pytest
 import d3d
 from d3d.assets import BUNDLED_TARGET, models_dir
 from d3d.draft.pick import pick_drafter
-from d3d.serve.server import TextStream, serve
+from d3d.serve.scheduler import TextStream
+from d3d.serve.server import serve
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
 MODEL_DIR = models_dir() / BUNDLED_TARGET
@@ -131,7 +132,7 @@ def test_a_client_gone_mid_stream_does_not_stop_the_others(server):
         t.join(120)
     want = tok.decode(expected(target, tok, drafter, tok.encode("def add(a, b):"), 12), skip_special_tokens=True)
     assert answers == [want] * 3
-    assert srv.worker.abandoned == 1  # the 1500-token generation ended when its client went away
+    assert srv.scheduler.abandoned == 1  # the 1500-token generation ended when its client went away
 
 
 def test_the_d3d_extension_reports_rounds(server):

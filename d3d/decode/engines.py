@@ -161,15 +161,20 @@ def generate(
     if spec.mode == "ar":
         check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
         return generate_ar(model, prompts, max_new_tokens, sampling, stops, stream)
-    check_drafter(model, drafter, spec)
     if (sampling.top_k is not None or sampling.top_p is not None) and sampling.temperature > 0:
         raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
-    spec = spec.resolve(model.device, model.dtype, model.quantized, model.int8_activations)
-    spec = spec.replace(block_size=spec.block_size or drafter.block_size)
+    spec = resolved_spec(model, drafter, spec)
     check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
                  extra=2 * spec.block_size + 2)
     run = generate_dflash if spec.mode == "dflash" else generate_speculative
     return run(model, drafter, prompts, max_new_tokens, spec, sampling, stops, stream, on_round)
+
+
+def resolved_spec(model: Transformer, drafter, spec: SpecConfig) -> SpecConfig:
+    """A speculative ``spec`` with every knob set for this model and drafter (the drafter checked)."""
+    check_drafter(model, drafter, spec)
+    spec = spec.resolve(model.device, model.dtype, model.quantized, model.int8_activations)
+    return spec.replace(block_size=spec.block_size or drafter.block_size)
 
 
 def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:
@@ -186,4 +191,4 @@ def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:
 
 
 __all__ = ["generate", "generate_ar", "generate_speculative", "generate_dflash", "GenerationOutput",
-           "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig", "Sampling", "normalize_prompts", "check_limits"]
+           "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig", "Sampling", "normalize_prompts", "check_limits", "resolved_spec"]

@@ -38,12 +38,14 @@ class Request:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     explain: bool = False  # the ``d3d`` extension: per-round information on the stream
+    mode: str | None = None  # the ``d3d_mode`` extension: ar, sync or async (None: the server's)
     id: str = field(default_factory=lambda: "d3d-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def parse(body: bytes, chat: bool, model_name: str, tok, max_positions: int) -> Request:
-    """``body`` of a POST to /v1/chat/completions (``chat``) or /v1/completions, checked."""
+def parse(body: bytes, chat: bool, model_name: str, tok, max_positions: int, modes=("ar", "sync", "async")) -> Request:
+    """``body`` of a POST to /v1/chat/completions (``chat``) or /v1/completions, checked; ``max_positions``:
+    the server's context (prompt + answer), ``modes``: what ``d3d_mode`` may ask for."""
     try:
         raw = json.loads(body or b"")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -66,8 +68,8 @@ def parse(body: bytes, chat: bool, model_name: str, tok, max_positions: int) -> 
     if max_tokens <= 0:
         raise ApiError(400, f"max_tokens={max_tokens}: must be at least 1", "max_tokens")
     if len(ids) >= max_positions:
-        raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {max_positions}", "messages"
-                       if chat else "prompt")
+        raise ApiError(400, f"the prompt has {len(ids)} tokens; this server's context is {max_positions}",
+                       "messages" if chat else "prompt")
     if len(ids) + max_tokens > max_positions:
         raise ApiError(400, f"max_tokens={max_tokens} with a prompt of {len(ids)} tokens exceeds the context of "
                        f"{max_positions} tokens", "max_tokens")
@@ -82,9 +84,12 @@ def parse(body: bytes, chat: bool, model_name: str, tok, max_positions: int) -> 
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
         raise ApiError(400, "stop: must be a non-empty string or a list of up to 4 of them", "stop")
+    mode = _get(raw, "d3d_mode", str, required=False)
+    if mode is not None and mode not in modes:
+        raise ApiError(400, f"d3d_mode={mode!r}: this server decodes {', '.join(modes)}", "d3d_mode")
     return Request(chat, ids, max_tokens, Sampling(temperature, None, None if top_p == 1 else float(top_p), seed),
                    stop, bool(_get(raw, "stream", bool, required=False, default=False)),
-                   bool(_get(raw, "d3d", bool, required=False, default=False)))
+                   bool(_get(raw, "d3d", bool, required=False, default=False)), mode=mode)
 
 
 def _messages(raw: dict) -> list[dict]:

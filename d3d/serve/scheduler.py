@@ -1,0 +1,257 @@
+"""The decoding thread of ``d3d serve``: concurrent requests decode together, joining and leaving
+between rounds.
+
+Requests are grouped by how they decode (mode, temperature, top_k, top_p). A group is one decoder
+(``d3d.decode.speculative.SpeculativeDecoder`` or ``d3d.decode.engines.ArDecoder``) with ``slots``
+cache rows of ``context`` tokens. The thread goes round the groups; for each it
+
+    1 admits waiting requests into its free rows (one prefill pass for all of them),
+    2 runs one round (speculative) or step (ar) over every row in flight,
+    3 hands each request the tokens that round committed (a text delta, and with the ``d3d``
+      extension what the round did), and frees the rows of requests that ended: length, stop token,
+      stop string, or a client that went away.
+
+A group with nothing left is dropped (its caches freed). Greedy answers equal ``d3d.generate``'s on
+the prompt alone (fp32; in low precision up to near-ties, as in any batching: the batch around a row
+changes its last bits). Sampled answers follow the target's distribution; ``seed`` does not repeat
+them (a row's random stream depends on the batch).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+
+from ..decode.config import Sampling, SpecConfig
+from ..decode.engines import ArDecoder, resolved_spec
+from ..decode.speculative import SpeculativeDecoder
+from .protocol import Request
+
+
+class Job:
+    """One request: its events (("text", delta, info) ..., then ("done", finish, n) or ("error", message)),
+    whether its client has gone, and what the decoding thread keeps for it."""
+
+    def __init__(self, req: Request, mode: str, tok):
+        self.req, self.mode, self.events, self.cancelled = req, mode, queue.Queue(), threading.Event()
+        self.text = TextStream(tok, req.stop)
+        self.new: list[int] = []  # tokens committed by the current round
+        self.last = 0  # how many of them the last commit added
+        self.info: dict | None = None  # ... and what that round did (the d3d extension)
+        self.rounds = self.round_tokens = 0  # for the running tau
+
+
+class Group:
+    """Requests decoding with one decoder: ``rows[i]`` is the job in cache row i (None: free)."""
+
+    def __init__(self, decoder, slots: int):
+        self.decoder, self.rows, self.waiting = decoder, [None] * slots, deque()
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not any(self.rows)
+
+
+class Scheduler:
+    """The decoding thread: ``submit`` a checked request, read its ``Job.events``."""
+
+    def __init__(self, target, tok, drafter, spec: SpecConfig, slots: int = 16, context: int = 2048):
+        """``drafter``: a D3D drafter (requests may ask for ar, sync or async) or None (ar only);
+        ``context``: the longest prompt + answer, cut to what the models' positions allow."""
+        from ..draft.drafter import Drafter
+
+        if slots <= 0 or context <= 0:
+            raise ValueError(f"slots={slots}, context={context}: both must be positive")
+        if spec.mode not in ("ar", "sync", "async"):
+            raise ValueError(f"mode={spec.mode!r}: d3d serve decodes ar, sync and async")
+        if spec.mode != "ar" and not isinstance(drafter, Drafter):
+            raise ValueError(f"mode={spec.mode!r} needs a D3D drafter, got {type(drafter).__name__}")
+        self.modes = ("ar", "sync", "async") if isinstance(drafter, Drafter) else ("ar",)
+        limit = target.cfg.max_position_embeddings
+        if isinstance(drafter, Drafter):  # a round reaches up to two blocks past the committed tokens
+            limit = min(limit, drafter.cfg.max_position_embeddings) - 2 * drafter.block_size - 2
+        self.target, self.tok, self.drafter, self.spec, self.slots, self.context = (
+            target, tok, drafter, spec, slots, min(context, limit))
+        self.stop_ids = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.groups: dict[tuple, Group] = {}
+        self.abandoned = 0  # generations ended early because their client went away
+        self.thread = threading.Thread(target=self.loop, name="d3d-decode", daemon=True)
+        self.thread.start()
+
+    def submit(self, req: Request) -> Job:
+        mode = req.mode or self.spec.mode
+        if req.sampling.top_p is not None and req.sampling.temperature > 0:
+            mode = "ar"  # speculative sampling is lossless at T, not at a truncation
+        job = Job(req, mode, self.tok)
+        self.jobs.put(job)
+        return job
+
+    def close(self) -> None:
+        """Finish every request already submitted, then end the thread."""
+        self.jobs.put(None)
+        self.thread.join()
+
+    def loop(self) -> None:
+        closing = False
+        while not (closing and not self.groups):
+            arrived = [self.jobs.get()] if not self.groups else []  # nothing in flight: wait for a request
+            while True:
+                try:
+                    arrived.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    break
+            for job in arrived:
+                if job is None:
+                    closing = True
+                elif not job.cancelled.is_set():
+                    self.group_of(job).waiting.append(job)
+            for key, group in list(self.groups.items()):
+                self.round(key, group)
+                if group.idle:
+                    group.decoder.close()
+                    del self.groups[key]
+
+    def group_of(self, job: Job) -> Group:
+        s = job.req.sampling
+        key = (job.mode, s.temperature, s.top_k, s.top_p)
+        if key not in self.groups:
+            self.groups[key] = Group(self.decoder(job.mode, s, key), self.slots)
+        return self.groups[key]
+
+    def decoder(self, mode: str, sampling: Sampling, key: tuple):
+        sampling = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed=0)
+
+        def committed(row: int, new: list[int]) -> None:
+            job = self.groups[key].rows[row]
+            job.new.extend(new)
+            job.last = len(new)
+
+        if mode == "ar":
+            return ArDecoder(self.target, sampling, set(self.stop_ids), self.slots, self.context, committed)
+
+        def on_round(r) -> None:
+            job = self.groups[key].rows[r.seq]
+            job.rounds, job.round_tokens = job.rounds + 1, job.round_tokens + len(r.committed)
+            if job.req.explain:
+                job.info = round_info(self.tok, job, r)
+                job.info["origins"] = job.info["origins"][:job.last]  # the output ends inside the round
+
+        spec = resolved_spec(self.target, self.drafter, self.spec.replace(mode=mode))
+        return SpeculativeDecoder(self.target, self.drafter, spec, sampling, set(self.stop_ids), self.slots,
+                                  self.context, committed, on_round)
+
+    def round(self, key: tuple, group: Group) -> None:
+        """Steps 1-3 of the module docstring for one group."""
+        dec = group.decoder
+        for row, job in enumerate(group.rows):
+            if job is not None and job.cancelled.is_set():
+                dec.drop(row)
+                group.rows[row] = None
+                self.abandoned += 1
+        free = [row for row, job in enumerate(group.rows) if job is None]
+        admitted = []
+        while free and group.waiting:
+            job = group.waiting.popleft()
+            if not job.cancelled.is_set():
+                group.rows[row := free.pop(0)] = job
+                admitted.append(row)
+        try:
+            if admitted:
+                dec.admit(admitted, [group.rows[r].req.prompt_ids for r in admitted],
+                          [group.rows[r].req.max_tokens for r in admitted])
+            dec.step()
+        except Exception as e:  # a bug must not kill the server: these requests get a 500, the others go on
+            for job in [j for j in group.rows if j] + list(group.waiting):
+                job.events.put(("error", f"{type(e).__name__}: {e}"))
+            group.rows, group.waiting = [None] * len(group.rows), deque()
+            return
+        for row, job in enumerate(group.rows):
+            if job is not None and self.deliver(job, dec, row):
+                group.rows[row] = None
+
+    def deliver(self, job: Job, dec, row: int) -> bool:
+        """Send ``job`` what its row committed this round; True when it has ended (its row is free)."""
+        if job.new:
+            ids, delta = job.text.ids + job.new, job.text.add(job.new)
+            if job.req.explain:  # each token's text and origin: "step" for the prefill's token and ar steps
+                info = job.info or {"origins": []}
+                origins = ["step"] * (len(job.new) - len(info["origins"])) + info.pop("origins")
+                info["tokens"] = [{"text": t, "origin": o} for t, o in zip(pieces(self.tok, ids, len(job.new)), origins)]
+                job.events.put(("text", delta, info))
+            elif delta:
+                job.events.put(("text", delta, None))
+            job.new, job.info = [], None
+        if job.text.stopped:
+            dec.drop(row)
+        elif not dec.out.done[row]:
+            return False
+        tail = job.text.flush()
+        if tail:
+            job.events.put(("text", tail, None))
+        finish = "stop" if job.text.stopped or dec.out.stopped[row] else "length"
+        job.events.put(("done", finish, job.text.count))
+        return True
+
+
+def round_info(tok, job: Job, r) -> dict:
+    """What the round ``r`` (a ``RoundInfo``) did for ``job``: its draft, how much of it the target
+    accepted, each committed token's origin (the draft's source, ``leaf``, ``bonus``), the rejected
+    rest of the draft, and the request's tau so far."""
+    source = "hypothesis" if r.successor_used else "datastore" if r.stored else "copy" if r.copied else "drafter"
+    origins = [source] * (len(r.committed) - 1) + ["bonus"]
+    if r.leaf is not None:
+        origins[-2] = "leaf"
+    n_acc = len(r.committed) - 1  # the committed tokens before the bonus (a hit leaf included)
+    return {"round": r.round, "draft": [tok.decode([t]) for t in r.draft], "accepted": r.accepted, "bonus": r.bonus,
+            "leaf": r.leaf, "source": source, "hypothesis_hit": r.hit, "origins": origins,
+            "rejected": tok.decode(r.draft[n_acc:], skip_special_tokens=True) if r.leaf is None else "",
+            "tau": job.round_tokens / job.rounds}
+
+
+def pieces(tok, ids: list[int], n: int) -> list[str]:
+    """The text each of the last ``n`` of ``ids`` adds (a character split over tokens shows at its end)."""
+    out, before = [], tok.decode(ids[:len(ids) - n], skip_special_tokens=True)
+    for k in range(len(ids) - n + 1, len(ids) + 1):
+        text = tok.decode(ids[:k], skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            out.append("")
+            continue
+        out.append(text[len(before):])
+        before = text
+    return out
+
+
+class TextStream:
+    """Token ids -> text deltas: holds back an incomplete UTF-8 character and anything that may be the
+    start of a stop string; ``stopped`` once a stop string appears (the text ends before it)."""
+
+    def __init__(self, tok, stop: list[str]):
+        self.tok, self.stop, self.ids, self.sent, self.stopped, self.count = tok, stop, [], 0, False, 0
+
+    def add(self, new: list[int]) -> str:
+        self.ids.extend(new)
+        self.count += len(new)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]  # held back: none starts earlier
+        if hits:
+            self.stopped = True
+            return self._emit(text[:min(hits)])
+        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return self._emit(text[:len(text) - hold])
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        return self._emit(self.tok.decode(self.ids, skip_special_tokens=True))
+
+    def _emit(self, upto: str) -> str:
+        delta = upto[self.sent:]
+        self.sent = max(self.sent, len(upto))
+        return delta
+
+
+__all__ = ["Scheduler", "Job", "Group", "TextStream", "round_info", "pieces"]
