@@ -40,6 +40,23 @@ def expected(target, tok, drafter, ids, n):
     return out.tokens[0]
 
 
+def wait_for(cond, seconds=30.0):
+    import time
+
+    end = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def stream_events(srv, body: dict, path="/v1/completions"):
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=120)
+    conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    res = conn.getresponse()
+    assert res.status == 200, res.read()
+    return [json.loads(line[6:]) for line in res.read().decode().splitlines() if line.startswith("data: {")]
+
+
 def test_completions_stream_and_not_equal_generate(server):
     srv, target, tok, drafter = server
     c = client(srv)
@@ -115,7 +132,7 @@ def test_chat_messages_are_checked(server):
 
 def test_a_client_gone_mid_stream_does_not_stop_the_others(server):
     srv, target, tok, drafter = server
-    host, port = srv.server_address[:2]
+    host, port, gone = *srv.server_address[:2], srv.scheduler.abandoned
     body = json.dumps({"prompt": "import os\n", "max_tokens": 1500, "stream": True}).encode()
     with socket.create_connection((host, port), timeout=30) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -132,7 +149,7 @@ def test_a_client_gone_mid_stream_does_not_stop_the_others(server):
         t.join(120)
     want = tok.decode(expected(target, tok, drafter, tok.encode("def add(a, b):"), 12), skip_special_tokens=True)
     assert answers == [want] * 3
-    assert srv.scheduler.abandoned == 1  # the 1500-token generation ended when its client went away
+    wait_for(lambda: srv.scheduler.abandoned == gone + 1)  # the 1500-token generation ended when its client went away
 
 
 def test_the_d3d_extension_reports_rounds(server):
@@ -188,3 +205,164 @@ def test_sigterm_finishes_the_request_in_flight_then_exits(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+PROMPTS = ["def add(a, b):", "import os\n", "class Stack:\n", "for i in range(", "# read a file\n", "x = [", "def main():\n",
+           "while True:\n"]
+
+
+def test_concurrent_requests_decode_together_each_equal_to_generate_alone(server):
+    """16 clients at once, mixed prompts, lengths, streaming or not, sync or ar (``d3d_mode``): every
+    answer equals d3d.generate on its prompt alone (fp32), and rounds did decode several together."""
+    srv, target, tok, drafter = server
+    jobs = [(PROMPTS[i % len(PROMPTS)], 6 + 5 * i, i % 2 == 0, "ar" if i % 5 == 0 else None) for i in range(16)]
+    got = [None] * len(jobs)
+
+    def ask(k):
+        prompt, n, stream, mode = jobs[k]
+        extra = {"d3d_mode": mode} if mode else {}
+        if stream:
+            got[k] = "".join(e.choices[0].text for e in client(srv).completions.create(
+                model="target-16m", prompt=prompt, max_tokens=n, stream=True, extra_body=extra) if e.choices)
+        else:
+            got[k] = client(srv).completions.create(model="target-16m", prompt=prompt, max_tokens=n,
+                                                    extra_body=extra).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
+    for (prompt, n, _, mode), answer in zip(jobs, got):
+        want = d3d.generate(target, tok.encode(prompt), max_new_tokens=n, spec=mode or "sync", drafter=drafter,
+                            stop_ids=stops).tokens[0]
+        assert answer == tok.decode(want, skip_special_tokens=True), (prompt, n, mode)
+    assert srv.scheduler.peak > 1
+
+
+def test_32_streaming_clients_some_hanging_up_all_others_complete(server):
+    """32 streaming clients of mixed lengths; 6 hang up after their first event: their rows are freed,
+    the 26 others get whole answers equal to generate's, and no error."""
+    srv, target, tok, drafter = server
+    host, port = srv.server_address[:2]
+    gone, results, errors = srv.scheduler.abandoned, {}, []
+
+    def hang_up(k):
+        body = json.dumps({"prompt": PROMPTS[k % 8], "max_tokens": 1000, "stream": True}).encode()
+        with socket.create_connection((host, port), timeout=60) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
+                         + b"\r\n\r\n" + body)
+            got = b""
+            while b"data: " not in got:
+                got += sock.recv(4096)
+
+    def complete(k):
+        try:
+            events = stream_events(srv, {"prompt": PROMPTS[k % 8], "max_tokens": 8 + k % 24, "stream": True})
+            results[k] = ("".join(e["choices"][0]["text"] for e in events), events[-1]["usage"]["completion_tokens"])
+        except Exception as e:  # noqa: BLE001 - any failure is the test's finding
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=hang_up if k % 5 == 4 and k < 30 else complete, args=(k,)) for k in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and len(results) == 26
+    stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
+    for k, (text, n) in results.items():
+        want = d3d.generate(target, tok.encode(PROMPTS[k % 8]), max_new_tokens=8 + k % 24, spec="sync",
+                            drafter=drafter, stop_ids=stops).tokens[0]
+        assert text == tok.decode(want, skip_special_tokens=True) and n == len(want)
+    wait_for(lambda: srv.scheduler.abandoned == gone + 6)
+    wait_for(lambda: not srv.scheduler.groups)  # every row freed
+
+
+def test_round_information_colours_every_token(server):
+    """``"d3d": true``: each event's tokens, in order, spell the answer; each has an origin; the drafter's
+    accepted tokens and the target's bonuses both occur; tau is the tokens per round."""
+    srv = server[0]
+    events = stream_events(srv, {"prompt": "import os\n", "max_tokens": 40, "stream": True, "d3d": True})
+    infos = [e["d3d"] for e in events if e.get("d3d")]
+    text = "".join(e["choices"][0]["text"] for e in events)
+    assert "".join(t["text"] for i in infos for t in i["tokens"]) == text
+    origins = {t["origin"] for i in infos for t in i["tokens"]}
+    assert origins <= {"drafter", "hypothesis", "copy", "datastore", "leaf", "bonus", "step"}
+    assert {"bonus", "step"} <= origins and origins & {"drafter", "copy"}
+    rounds = [i for i in infos if "round" in i]
+    assert all(i["tokens"][-1]["origin"] == "bonus" for i in rounds[:-1])  # the last one may be cut at max_tokens
+    assert all({"draft", "accepted", "rejected", "tau", "source"} <= set(i) for i in rounds)
+    assert rounds[-1]["tau"] == pytest.approx(sum(i["accepted"] + 1 for i in rounds) / len(rounds))
+    ar = [e["d3d"] for e in stream_events(srv, {"prompt": "import os\n", "max_tokens": 5, "stream": True, "d3d": True,
+                                                 "d3d_mode": "ar"}) if e.get("d3d")]
+    assert [t["origin"] for i in ar for t in i["tokens"]] == ["step"] * 5
+
+
+def test_d3d_mode_is_checked(server):
+    srv = server[0]
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "x", "d3d_mode": "dflash"}).encode())
+    res = conn.getresponse()
+    assert res.status == 400 and json.loads(res.read())["error"]["param"] == "d3d_mode"
+
+
+def test_the_page_is_served(server):
+    srv = server[0]
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+    conn.request("GET", "/")
+    res = conn.getresponse()
+    page = res.read().decode()
+    assert res.status == 200 and res.headers["Content-Type"].startswith("text/html")
+    assert "/v1/completions" in page and "d3d_mode" in page and "<script" in page and "http" not in page.split(
+        "<script")[0].lower().replace("http-equiv", "")  # nothing fetched from elsewhere: no CDN
+
+
+def browser():
+    """Headless Chromium under Selenium, or a skip that says what is missing."""
+    import shutil
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
+    chrome = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    if not chrome or not driver:
+        pytest.skip("no headless browser here: install Debian's chromium and chromium-driver (.ci/run does, as root)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chrome
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,1400"):
+        opts.add_argument(arg)
+    from selenium.webdriver.chrome.service import Service
+
+    return webdriver.Chrome(service=Service(executable_path=driver), options=opts)
+
+
+def test_the_page_in_a_real_browser(server):
+    """The page in headless Chromium: type a prompt, press Generate, find tokens coloured by origin and a
+    tau; press "Same prompt with ar" and find the outputs identical. D3D_PAGE_SCREENSHOT=FILE saves a
+    screenshot (docs/results/serve/page.png was made so)."""
+    import os
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    srv = server[0]
+    b = browser()
+    try:
+        b.get("http://%s:%d/" % srv.server_address[:2])
+        box = b.find_element(By.ID, "prompt")
+        box.clear()
+        box.send_keys("def fibonacci(n):")
+        b.find_element(By.ID, "go").click()
+        WebDriverWait(b, 120).until(lambda d: d.find_element(By.ID, "stats").get_attribute("data-done") == "1")
+        stats = b.find_element(By.ID, "stats").text
+        assert "τ" in stats and "tok/s" in stats, stats
+        classes = {e.get_attribute("class") for e in b.find_elements(By.CSS_SELECTOR, "#out span.tok")}
+        assert "tok bonus" in classes and classes & {"tok drafter", "tok copy"}, classes
+        b.find_element(By.ID, "ar").click()
+        WebDriverWait(b, 120).until(lambda d: "identical" in d.find_element(By.ID, "compare").text
+                                    or "differ" in d.find_element(By.ID, "compare").text)
+        assert "identical output" in b.find_element(By.ID, "compare").text
+        if os.environ.get("D3D_PAGE_SCREENSHOT"):
+            b.save_screenshot(os.environ["D3D_PAGE_SCREENSHOT"])
+    finally:
+        b.quit()

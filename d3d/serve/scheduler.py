@@ -77,6 +77,7 @@ class Scheduler:
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.groups: dict[tuple, Group] = {}
         self.abandoned = 0  # generations ended early because their client went away
+        self.peak = 0  # the most requests one round decoded together
         self.thread = threading.Thread(target=self.loop, name="d3d-decode", daemon=True)
         self.thread.start()
 
@@ -157,6 +158,7 @@ class Scheduler:
             if not job.cancelled.is_set():
                 group.rows[row := free.pop(0)] = job
                 admitted.append(row)
+        self.peak = max(self.peak, sum(job is not None for job in group.rows))
         try:
             if admitted:
                 dec.admit(admitted, [group.rows[r].req.prompt_ids for r in admitted],
