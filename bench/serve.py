@@ -85,7 +85,10 @@ def level(host: str, port: int, prompts: list[str], lengths: list[int], clients:
                 if not todo:
                     return
                 i = todo.pop(0)
-            r = request(host, port, prompts[i % len(prompts)], lengths[i % len(lengths)], mode)
+            try:
+                r = request(host, port, prompts[i % len(prompts)], lengths[i % len(lengths)], mode)
+            except OSError as e:  # a refused or reset connection is a finding, not a crash
+                r = {"error": repr(e)}
             with lock:
                 rows.append(r)
 

@@ -208,17 +208,16 @@ def test_likely_length_is_the_run_believed_in_jointly():
     assert d.truncated(2).tokens == [5, 6] and d.truncated(2).top_probs == [[0.9], [0.5]]
 
 
-def test_verify_width_is_the_shortest_draft_cut_to_the_longest_believed_run():
-    from d3d.decode.speculative import Draft, verify_width
+def test_each_row_verifies_the_run_its_drafter_believes_in():
+    from d3d.decode.speculative import Draft, verify_widths
 
     drafted = Draft([5, 6, 7, 8], [0.9, 0.5, 0.9, 0.1], [], [])  # joint 0.9, 0.45, 0.405, 0.04
     unsure = Draft([5, 6, 7, 8], [0.3, 0.9, 0.9, 0.9], [], [])  # joint 0.3, 0.27, ...
     copied = Draft([1, 2], [1.0, 1.0], [], [])  # a short copied chain
-    assert verify_width([drafted, unsure], 0.0) == 4
-    assert verify_width([drafted, unsure], 0.4) == 3  # the batch verifies the longest run a row believes in
-    assert verify_width([unsure], 0.4) == 0  # no draft worth a row: a plain step
-    assert verify_width([drafted, copied], 0.0) == 2  # never past the shortest row's draft
-    assert verify_width([drafted, copied], 0.95) == 2
+    assert verify_widths([drafted, unsure], 0.0) == [4, 4]
+    assert verify_widths([drafted, unsure], 0.4) == [3, 0]  # 0: no draft worth a row, a plain step
+    assert verify_widths([drafted, copied], 0.0) == [4, 2]
+    assert verify_widths([drafted, copied], 0.95) == [0, 2]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -62,7 +62,7 @@ def test_leaf_logits_are_the_branch_logits_and_a_hit_moves_its_cache_entry():
     target(torch.tensor([3, 7, 1, 5]), seqs.tcache.layout([3, 1]), seqs.tcache)  # all but the anchors
     drafts = torch.tensor([[11, 12, 13], [21, 22, 23]])
     leaves = [[Hypothesis(0, 30, 0.5)], [Hypothesis(2, 31, 0.4), Hypothesis(0, 32, 0.3), Hypothesis(3, 33, 0.2)]]
-    v = seqs.verification([0, 1], drafts, leaves=leaves)
+    v = seqs.verification([0, 1], drafts.tolist(), leaves=leaves)
     logits = target(v.ids, v.layout, v.cache)
 
     def plain(seq):  # a fresh forward over the whole sequence: the last position's logits

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 
 _LEAF_SEED = 1 << 31  # the leaves' bonus samples use streams apart from the round's acceptance
+_GROUP_SEED = 0x9E3779B9  # ... and each draft length of a batch its own (an odd step: no round's key meets another's)
 
 
 @dataclass
@@ -121,52 +122,51 @@ class Sequences:
             self.committed[i].append(t)
             self.out.commit(i, [t])
 
-    def verification(self, rows: list[int], drafts: torch.Tensor, exact: bool = False,
+    def verification(self, rows: list[int], drafts: list[list[int]], exact: bool = False,
                      leaves: list[list[Hypothesis]] | None = None) -> Verification:
-        """The target pass over ``[anchor, drafts]`` of every row (``drafts`` [N, n] on the device, n < B),
-        then row j's ``leaves[j]``: leaf (a, b) is token b at the position of d_(a+1), seeing the anchor
-        and d_1..d_a only (``reach``), written to the cache slots after the drafts."""
-        dev, n = self.target.device, drafts.shape[1]
-        anchors = torch.tensor([[self.committed[i][-1]] for i in rows], device=dev)
-        ids = torch.cat([anchors, drafts], 1)
-        if not leaves or not any(leaves):
-            layout = self.tcache.layout([n + 1] * len(rows), rows, row_invariant=exact)
-            return Verification(self.target, ids.flatten(), layout, self.tcache)
-        leaf_ids = torch.tensor([h.bonus for row in leaves for h in row], device=dev)
-        per_row = torch.split(leaf_ids, [len(row) for row in leaves])
-        ids = torch.cat([t for j in range(len(rows)) for t in (ids[j], per_row[j])])
+        """The target pass over ``[anchor, drafts[j]]`` of every row ``rows[j]`` (rows verify as many drafts
+        as they each have), then row j's ``leaves[j]``: leaf (a, b) is token b at the position of
+        d_(a+1), seeing the anchor and d_1..d_a only (``reach``), written to the cache slots after the drafts."""
+        leaves = leaves or [[] for _ in rows]
+        ids = [t for j, i in enumerate(rows) for t in [self.committed[i][-1], *drafts[j], *(h.bonus for h in leaves[j])]]
+        ids = torch.tensor(ids, device=self.target.device)
+        lens = [len(d) + 1 + len(row) for d, row in zip(drafts, leaves)]
+        if not any(leaves):
+            return Verification(self.target, ids, self.tcache.layout(lens, rows, row_invariant=exact), self.tcache)
         c = [self.tcache.lengths[i] for i in rows]
-        lens = [n + 1 + len(row) for row in leaves]
         layout = self.tcache.layout(lens, rows, groups=[range(m) for m in lens],
-                                    reach=[list(range(n + 1)) + [h.accepted + 1 for h in row] for row in leaves],
-                                    positions=[[ci + p for p in range(n + 1)] + [ci + h.accepted + 1 for h in row]
-                                               for ci, row in zip(c, leaves)])
+                                    reach=[list(range(len(d) + 1)) + [h.accepted + 1 for h in row]
+                                           for d, row in zip(drafts, leaves)],
+                                    positions=[[ci + p for p in range(len(d) + 1)] + [ci + h.accepted + 1 for h in row]
+                                               for ci, d, row in zip(c, drafts, leaves)])
         return Verification(self.target, ids, layout, self.tcache)
 
-    def judge(self, logits: torch.Tensor, drafts: torch.Tensor, tokens: list[list[int]], rnd: int,
+    def judge(self, logits: torch.Tensor, drafts: list[list[int]], rnd: int,
               leaves: list[list[Hypothesis]] | None = None) -> list[Outcome]:
-        """Accept each row's drafts (``drafts`` on the device, ``tokens`` the same on the host) against
-        the target's logits of a ``verification`` pass; a row whose bonus is one of its leaves accepts
-        the leaf and takes the bonus after it from the leaf's logits (at T > 0 a fresh sample: the leaf
-        is the target's own sample at its position, so the output keeps the target's distribution)."""
-        N, n = drafts.shape
-        key = self.seed * 1_000_003 + rnd
-        leaves = leaves if leaves and any(leaves) else [[]] * N
+        """Accept each row's drafts against the target's logits of a ``verification`` pass (one ``accept``
+        launch per draft length in the batch); a row whose bonus is one of its leaves accepts the leaf
+        and takes the bonus after it from the leaf's logits (at T > 0 a fresh sample: the leaf is the
+        target's own sample at its position, so the output keeps the target's distribution)."""
+        key, dev = self.seed * 1_000_003 + rnd, logits.device
+        leaves = leaves or [[] for _ in drafts]
         starts = [0]
-        for row in leaves[:-1]:
-            starts.append(starts[-1] + n + 1 + len(row))
-        main = logits
-        if any(leaves):  # the drafts' rows out of the packed [anchor, drafts, leaves] of every row
-            main = logits.index_select(0, torch.tensor([s + p for s in starts for p in range(n + 1)],
-                                                       device=logits.device))
-        result = accept(drafts, main.view(N, n + 1, -1), temperature=self.temperature, seed=key)
-        accepted, bonus = result.accept_len.tolist(), result.bonus.tolist()
-        out = [Outcome(tokens[j][:a], b) for j, (a, b) in enumerate(zip(accepted, bonus))]
-        hits = [(j, m) for j in range(N) for m, h in enumerate(leaves[j])
+        for d, row in zip(drafts, leaves):
+            starts.append(starts[-1] + len(d) + 1 + len(row))
+        accepted, bonus = [0] * len(drafts), [0] * len(drafts)
+        for g, n in enumerate(sorted({len(d) for d in drafts})):
+            js = [j for j, d in enumerate(drafts) if len(d) == n]
+            at = torch.tensor([starts[j] + p for j in js for p in range(n + 1)], device=dev)
+            main = logits if len(js) == len(drafts) and len(at) == len(logits) else logits.index_select(0, at)
+            result = accept(torch.tensor([drafts[j] for j in js], dtype=torch.long, device=dev).view(len(js), n),
+                            main.view(len(js), n + 1, -1), temperature=self.temperature, seed=key + g * _GROUP_SEED)
+            for j, a, b in zip(js, result.accept_len.tolist(), result.bonus.tolist()):
+                accepted[j], bonus[j] = a, b
+        out = [Outcome(d[:a], b) for d, a, b in zip(drafts, accepted, bonus)]
+        hits = [(j, m) for j in range(len(drafts)) for m, h in enumerate(leaves[j])
                 if (h.accepted, h.bonus) == (accepted[j], bonus[j])]  # bonuses differ: at most one per row
         if hits:
-            at = torch.tensor([starts[j] + n + 1 + m for j, m in hits], device=drafts.device)
-            after = accept(drafts.new_zeros((len(hits), 0)), logits.index_select(0, at)[:, None],
+            at = torch.tensor([starts[j] + len(drafts[j]) + 1 + m for j, m in hits], device=dev)
+            after = accept(torch.zeros((len(hits), 0), dtype=torch.long, device=dev), logits.index_select(0, at)[:, None],
                            temperature=self.temperature, seed=key + _LEAF_SEED).bonus.tolist()
             for (j, m), b in zip(hits, after):
                 out[j] = Outcome(out[j].accepted + [out[j].bonus], b, m)
@@ -187,13 +187,10 @@ class Sequences:
         return new
 
 
-def verify_width(drafts: list[Draft], min_prob: float) -> int:
-    """Step 2's n: the drafts every row verifies, the shortest row's draft (a copied chain may be short)
-    cut, with ``min_prob`` > 0, to the longest run of drafts some row believes in (``Draft.likely_length``)."""
-    n = min(len(d.tokens) for d in drafts)
-    if min_prob > 0:
-        n = min(n, max(d.likely_length(min_prob) for d in drafts))
-    return n
+def verify_widths(drafts: list[Draft], min_prob: float) -> list[int]:
+    """Step 2's n per row: the whole draft, or with ``min_prob`` > 0 the longest run of it the drafter
+    believes in (``Draft.likely_length``); rows of a batch verify as many drafts as they each have."""
+    return [min(len(d.tokens), d.likely_length(min_prob)) if min_prob > 0 else len(d.tokens) for d in drafts]
 
 
 @dataclass
@@ -359,14 +356,15 @@ class SpeculativeDecoder:
         # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
         r = side.prepare(rows, clock)
         # plan: how many drafts and which leaves are worth their rows
-        plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price, stats, self.target.device)
+        plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price, stats)
         # 2 verify || 3 draft ahead for the likeliest outcomes (async)
         hyps = {i: side.likeliest_outcomes(plan.drafts[i]) for i in rows}
         job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps)
-        t_logits, d_logits, v_span, d_span = self.ov.run(seqs.verification(rows, plan.ids, self.spec.exact,
-                                                                           plan.leaves), job)
+        drafts = [plan.drafts[i].tokens for i in rows]
+        t_logits, d_logits, v_span, d_span = self.ov.run(seqs.verification(rows, drafts, self.spec.exact, plan.leaves),
+                                                         job)
         # 4 accept
-        outcomes = seqs.judge(t_logits, plan.ids, [plan.drafts[i].tokens for i in rows], rnd, plan.leaves)
+        outcomes = seqs.judge(t_logits, drafts, rnd, plan.leaves)
         successors = side.finish(job, d_logits)
         stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
         # 5 commit, and keep the successor that matches the outcome
@@ -374,12 +372,13 @@ class SpeculativeDecoder:
         for i, o in zip(rows, outcomes):
             mine = [next(per_row) for _ in hyps[i]] if i in hyp_rows else []
             hit = side.settle(i, o, hyps[i], mine)
-            new = seqs.commit(i, o, plan.width)
+            new = seqs.commit(i, o, len(plan.drafts[i].tokens))
             gained += len(new)
             if self.on_round:
                 self.on_round(round_info(rnd, i, plan, r, o, new, hyps[i], mine, hit, v_span, d_span))
         if self.price:
-            self.price.observe(len(rows) * (plan.width + 1) + sum(map(len, plan.leaves)), v_span[1] - v_span[0],
+            self.price.observe(sum(len(plan.drafts[i].tokens) + 1 for i in rows) + sum(map(len, plan.leaves)),
+                               v_span[1] - v_span[0],
                                gained, clock.now() - began)
         self.rnd += 1
         return rows
@@ -423,29 +422,24 @@ def generate_speculative(
 
 @dataclass
 class Plan:
-    """What a round verifies: ``width`` drafts of every row (``drafts``, cut to it; ``ids`` [rows, width])
-    and each row's leaves."""
+    """What a round verifies: each row's drafts (``drafts``, cut to what is worth verifying) and leaves."""
 
     drafts: dict[int, Draft]
-    ids: torch.Tensor
-    width: int
     leaves: list[list[Hypothesis]]
     min_prob: float | str
 
 
 def plan_round(rows: list[int], drafts: dict[int, Draft], side: "Drafting", min_prob: float | str,
-               price: RowPrice | None, stats: GenerationStats, device: torch.device) -> Plan:
-    """The drafts worth their rows (the longest run over the rows whose joint estimate beats
-    ``min_prob``, ``Draft.likely_length``) and the leaves: a fixed ``min_prob`` cuts drafts only; with
-    ``"auto"`` the measured ``price`` (``d3d.decode.row_price``) is the threshold, for any row, leaves too."""
+               price: RowPrice | None, stats: GenerationStats) -> Plan:
+    """The drafts worth their rows (each row's longest run whose joint estimate beats ``min_prob``,
+    ``Draft.likely_length``) and the leaves: a fixed ``min_prob`` cuts drafts only; with ``"auto"``
+    the measured ``price`` (``d3d.decode.row_price``) is the threshold, for any row, leaves too."""
     min_prob = price.min_prob() if price else min_prob
-    width = verify_width([drafts[i] for i in rows], min_prob)
-    leaves = [side.leaves(drafts[i], width, min_prob if price else 0.0) for i in rows]
-    stats.verified_drafts += len(rows) * width
+    widths = verify_widths([drafts[i] for i in rows], min_prob)
+    leaves = [side.leaves(drafts[i], n, min_prob if price else 0.0) for i, n in zip(rows, widths)]
+    stats.verified_drafts += sum(widths)
     stats.verified_leaves += sum(map(len, leaves))
-    cut = {i: drafts[i].truncated(width) for i in rows}
-    ids = torch.tensor([cut[i].tokens for i in rows], dtype=torch.long, device=device).view(len(rows), -1)
-    return Plan(cut, ids, width, leaves, min_prob)
+    return Plan({i: drafts[i].truncated(n) for i, n in zip(rows, widths)}, leaves, min_prob)
 
 
 def round_info(rnd: int, i: int, plan: Plan, r: RoundDrafts, o: Outcome, new: list[int], hyps: list[Hypothesis],
@@ -497,10 +491,10 @@ def generate_dflash(
         drafts, (t0, t1) = clock.timed(lambda: drafter.draft(ccache, rows, [seqs.committed[i][-1] for i in rows], B - 1))
         stats.drafter_forwards += 1
         stats.draft_seconds += t1 - t0
-        v = seqs.verification(rows, drafts, exact)
-        (logits, hidden), v_span = clock.timed(lambda: target(v.ids, v.layout, v.cache, hidden_layers=layers))
         draft_list = drafts.tolist()
-        outcomes = seqs.judge(logits, drafts, draft_list, rnd)
+        v = seqs.verification(rows, draft_list, exact)
+        (logits, hidden), v_span = clock.timed(lambda: target(v.ids, v.layout, v.cache, hidden_layers=layers))
+        outcomes = seqs.judge(logits, draft_list, rnd)
         accepted = [len(o.accepted) for o in outcomes]
         stats.count_verification(v_span)
         stats.verified_drafts += len(rows) * (B - 1)
@@ -518,4 +512,4 @@ def generate_dflash(
 
 
 __all__ = ["generate_speculative", "SpeculativeDecoder", "generate_dflash", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts",
-           "verify_width", "RoundDrafts"]
+           "verify_widths", "RoundDrafts"]

@@ -135,6 +135,7 @@ class Handler(BaseHTTPRequestHandler):
 
 class D3DServer(ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections must not hold the exit; answers in flight: ``drain``
+    request_queue_size = 128  # the listen backlog (http.server's 5 reset connections when 32 clients came at once)
 
     def __init__(self, address: tuple[str, int], scheduler: Scheduler, model_name: str, quiet: bool = False):
         super().__init__(address, Handler)
