@@ -76,7 +76,7 @@ def request(host: str, port: int, prompt: str, max_tokens: int, mode: str) -> di
 
 def level(host: str, port: int, prompts: list[str], lengths: list[int], clients: int, requests: int,
           mode: str) -> dict:
-    """``requests`` requests from ``clients`` closed-loop clients."""
+    """Requests 0 .. ``requests``-1 (prompt i, length i mod len(lengths)) from ``clients`` closed-loop clients."""
     todo, lock, rows = list(range(requests)), threading.Lock(), []
 
     def client() -> None:
@@ -121,7 +121,8 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--mode", default=None, help="the server's mode (requests name theirs with d3d_mode)")
     ap.add_argument("--modes", default="sync,ar", help="modes compared, comma-separated (default sync,ar)")
     ap.add_argument("--clients", default="1,4,16,32", help="concurrency levels (default 1,4,16,32)")
-    ap.add_argument("--requests", type=int, default=2, help="requests per client per level (at least 8 in all)")
+    ap.add_argument("--requests", type=int, default=32,
+                    help="requests per level: the same requests (prompt, length) at every level (default 32)")
     ap.add_argument("--max-tokens", default="32,64,96,128", help="answer lengths, cycled over the requests")
     ap.add_argument("--slots", type=int, default=16, help="the server's --slots")
     ap.add_argument("--rss", type=int, default=0, help="then N sequential requests, the server's RSS sampled")
@@ -141,7 +142,7 @@ def main(argv: list[str]) -> dict:
         for mode in args.modes.split(","):
             level(host, port, prompts, [8], 2, 4, mode)  # warm-up: kernels, caches, first-call costs
             for c in [int(x) for x in args.clients.split(",")]:
-                row = level(host, port, prompts, lengths, c, max(8, c * args.requests), mode)
+                row = level(host, port, prompts, lengths, c, args.requests, mode)
                 results.append(row)
                 print(f"{mode} x{c}: {row['tok_s']:.1f} tok/s, latency p50 {row['latency_p50']:.2f} s, "
                       f"ttft p50 {row['ttft_p50']:.3f} s, {row['completed']}/{row['requests']} ok", file=sys.stderr,

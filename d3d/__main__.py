@@ -454,7 +454,7 @@ def cmd_serve(args) -> int:
     spec = SpecConfig(mode, **knobs)
     try:
         server = serve(target, d3d.load_tokenizer(model_dir), drafter, spec, model_name(model_dir), args.host,
-                       args.port, args.quiet, args.slots, args.context)
+                       args.port, args.quiet, args.slots, args.context, decode_thread=False)
     except OSError as e:
         raise ValueError(f"--host {args.host} --port {args.port}: cannot listen there ({e.strerror})") from None
     return run_forever(server)

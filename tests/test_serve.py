@@ -276,7 +276,7 @@ def test_32_streaming_clients_some_hanging_up_all_others_complete(server):
                             drafter=drafter, stop_ids=stops).tokens[0]
         assert text == tok.decode(want, skip_special_tokens=True) and n == len(want)
     wait_for(lambda: srv.scheduler.abandoned == gone + 6)
-    wait_for(lambda: not srv.scheduler.groups)  # every row freed
+    wait_for(srv.scheduler.idle)  # every row freed
 
 
 def test_round_information_colours_every_token(server):

@@ -29,8 +29,11 @@ from ..decode.speculative import SpeculativeDecoder
 from .protocol import Request
 
 
+KEEP_IDLE = 2  # groups kept with their caches while no request decodes like them
+
+
 class Job:
-    """One request: its events (("text", delta, info) ..., then ("done", finish, n) or ("error", message)),
+    """One request: its events (("text", delta, info) ..., then ("done", finish, n) or ("error", message, status)),
     whether its client has gone, and what the decoding thread keeps for it."""
 
     def __init__(self, req: Request, mode: str, tok):
@@ -74,50 +77,78 @@ class Scheduler:
         self.target, self.tok, self.drafter, self.spec, self.slots, self.context = (
             target, tok, drafter, spec, slots, min(context, limit))
         self.stop_ids = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.jobs: queue.Queue[Job] = queue.Queue()
         self.groups: dict[tuple, Group] = {}
         self.abandoned = 0  # generations ended early because their client went away
         self.peak = 0  # the most requests one round decoded together
-        self.thread = threading.Thread(target=self.loop, name="d3d-decode", daemon=True)
-        self.thread.start()
+        self.stop, self.closed, self.lock, self.thread = threading.Event(), False, threading.Lock(), None
 
     def submit(self, req: Request) -> Job:
         mode = req.mode or self.spec.mode
         if req.sampling.top_p is not None and req.sampling.temperature > 0:
             mode = "ar"  # speculative sampling is lossless at T, not at a truncation
         job = Job(req, mode, self.tok)
-        self.jobs.put(job)
+        with self.lock:
+            if self.closed:
+                job.events.put(("error", "the server is shutting down", 503))
+            else:
+                self.jobs.put(job)
         return job
 
-    def close(self) -> None:
-        """Finish every request already submitted, then end the thread."""
-        self.jobs.put(None)
-        self.thread.join()
+    def start(self) -> "Scheduler":
+        """Decode on a thread of its own (``run`` decodes on the calling thread)."""
+        self.thread = threading.Thread(target=self.run, name="d3d-decode", daemon=True)
+        self.thread.start()
+        return self
 
-    def loop(self) -> None:
-        closing = False
-        while not (closing and not self.groups):
-            arrived = [self.jobs.get()] if not self.groups else []  # nothing in flight: wait for a request
+    def close(self) -> None:
+        """Finish every request already submitted, then end ``run`` (and its thread)."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def run(self) -> None:
+        """Decode until ``stop`` is set and every request taken is answered. Run it on the thread that
+        loaded the models where it matters: once two threads have run torch's OpenMP work, each op of
+        the second costs ~2-3x as much on a 2-core CPU (libgomp's thread pools; 1-row bf16 linear 25 ->
+        75 us), which is why ``d3d serve`` decodes on its main thread."""
+        while not (self.stop.is_set() and self.idle() and self.jobs.empty()):
+            arrived = []
+            if self.idle():  # nothing in flight: wait for a request (and look at ``stop`` now and then)
+                try:
+                    arrived.append(self.jobs.get(timeout=0.2))
+                except queue.Empty:
+                    continue
             while True:
                 try:
                     arrived.append(self.jobs.get_nowait())
                 except queue.Empty:
                     break
             for job in arrived:
-                if job is None:
-                    closing = True
-                elif not job.cancelled.is_set():
+                if not job.cancelled.is_set():
                     self.group_of(job).waiting.append(job)
             for key, group in list(self.groups.items()):
-                self.round(key, group)
-                if group.idle:
-                    group.decoder.close()
-                    del self.groups[key]
+                if not group.idle:
+                    self.round(key, group)
+        for group in self.groups.values():
+            group.decoder.close()
+        with self.lock:
+            self.closed = True
+        while not self.jobs.empty():  # submitted while the last rounds ran: refused
+            self.jobs.get().events.put(("error", "the server is shutting down", 503))
+
+    def idle(self) -> bool:
+        return all(group.idle for group in self.groups.values())
 
     def group_of(self, job: Job) -> Group:
+        """The group that decodes like ``job``; a new one frees the caches of idle ones beyond
+        ``KEEP_IDLE`` (an idle group keeps its caches: allocating them per request cost 7% of the time)."""
         s = job.req.sampling
         key = (job.mode, s.temperature, s.top_k, s.top_p)
         if key not in self.groups:
+            idle = [k for k, g in self.groups.items() if g.idle]
+            for k in idle[:max(0, len(idle) - KEEP_IDLE + 1)]:
+                self.groups.pop(k).decoder.close()
             self.groups[key] = Group(self.decoder(job.mode, s, key), self.slots)
         return self.groups[key]
 
@@ -166,7 +197,7 @@ class Scheduler:
             dec.step()
         except Exception as e:  # a bug must not kill the server: these requests get a 500, the others go on
             for job in [j for j in group.rows if j] + list(group.waiting):
-                job.events.put(("error", f"{type(e).__name__}: {e}"))
+                job.events.put(("error", f"{type(e).__name__}: {e}", 500))
             group.rows, group.waiting = [None] * len(group.rows), deque()
             return
         for row, job in enumerate(group.rows):

@@ -89,7 +89,7 @@ class Handler(BaseHTTPRequestHandler):
             if kind == "text":
                 parts.append(rest[0])
             elif kind == "error":
-                return self.send_json(500, ApiError(500, rest[0], kind="server_error").body())
+                return self.send_json(rest[1], ApiError(rest[1], rest[0], kind="server_error").body())
             else:
                 return self.send_json(200, response(job.req, self.server.model_name, "".join(parts), rest[0], rest[1]))
 
@@ -108,7 +108,7 @@ class Handler(BaseHTTPRequestHandler):
                 if kind == "text":
                     self.event(chunk(req, name, rest[0], extra=rest[1] if req.explain else None))
                 elif kind == "error":
-                    self.event({"error": ApiError(500, rest[0], kind="server_error").body()["error"]})
+                    self.event({"error": ApiError(rest[1], rest[0], kind="server_error").body()["error"]})
                     break
                 else:
                     last = chunk(req, name, None, finish=rest[0])
@@ -176,27 +176,29 @@ class D3DServer(ThreadingHTTPServer):
 
 
 def serve(target, tok, drafter, spec: SpecConfig, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          quiet: bool = False, slots: int = 16, context: int = 2048) -> D3DServer:
-    """A started server (its own thread); ``drain()`` ends it. ``slots``: requests decoded together per
-    decoding setting; ``context``: the longest prompt + answer (cut to what the models allow)."""
-    server = D3DServer((host, port), Scheduler(target, tok, drafter, spec, slots, context), model_name, quiet)
+          quiet: bool = False, slots: int = 16, context: int = 2048, decode_thread: bool = True) -> D3DServer:
+    """A started server (HTTP on its own thread); ``drain()`` ends it. ``slots``: requests decoded together
+    per decoding setting; ``context``: the longest prompt + answer (cut to what the models allow).
+    ``decode_thread``: decode on a thread of its own; False: the caller runs ``server.scheduler.run()``
+    (``run_forever`` does, on the main thread: see ``Scheduler.run`` for why)."""
+    scheduler = Scheduler(target, tok, drafter, spec, slots, context)
+    server = D3DServer((host, port), scheduler.start() if decode_thread else scheduler, model_name, quiet)
     threading.Thread(target=server.serve_forever, name="d3d-http", daemon=True).start()
     return server
 
 
 def run_forever(server: D3DServer) -> int:
-    """Until SIGINT/SIGTERM: then stop accepting, finish the requests in flight, exit 0."""
-    done = threading.Event()
+    """Decode on this (the main) thread until SIGINT/SIGTERM; then finish the requests in flight, refuse
+    new ones (503), stop accepting, exit 0. ``server`` was started with ``decode_thread=False``."""
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, lambda *_: server.scheduler.stop.set())  # the decoding loop looks at it between rounds
     host, port = server.server_address[:2]
     sch = server.scheduler
     print(f"d3d serve: {server.model_name} on http://{host}:{port}/v1 (spec: {sch.spec}; {sch.slots} requests "
           f"at a time, context {sch.context}); the page: http://{host}:{port}/ ; Ctrl-C to stop", file=sys.stderr,
           flush=True)
-    while not done.wait(0.5):  # a timed wait: a signal delivered to another thread still runs its handler
-        pass
-    print("d3d serve: stopping: finishing the requests in flight", file=sys.stderr, flush=True)
+    sch.run()
+    print("d3d serve: stopped: every request in flight was answered", file=sys.stderr, flush=True)
     server.drain()
     return 0
 
