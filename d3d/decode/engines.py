@@ -16,8 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .generation import (Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill_counted,
-                         sampling_generator)
+from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec
 from .sampling import check_sampling_args, sample_next
@@ -58,29 +57,19 @@ def check_limits(prompts: list[list[int]], max_new_tokens: int, max_positions: i
         )
 
 
-class ArDecoder:
+class ArDecoder(Decoder):
     """Autoregressive decoding over ``rows`` cache rows that sequences join (``admit``) and leave (done,
     or ``drop``) between steps: one target forward per step gives every active row one token."""
 
     def __init__(self, model: Transformer, sampling: Sampling, stop_ids: set[int], rows: int, max_len: int,
                  stream: StreamFn | None = None):
-        self.model, self.sampling, self.clock = model, sampling, Clock()
-        self.gen = sampling_generator(model.device, sampling)
-        self.stats = GenerationStats("ar", rows, [0] * rows, [0] * rows)
-        self.out = Output(rows, 0, stop_ids, stream)
-        self.out.done = [True] * rows  # a row decodes once a sequence is admitted to it
+        super().__init__(model, GenerationStats("ar", rows, [0] * rows, [0] * rows), sampling, stop_ids, stream)
         self.cache = model.new_cache(rows=rows, max_len=max_len)
 
     @torch.inference_mode()
     def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
         """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token."""
-        for i, p, m in zip(rows, prompts, max_new):
-            self.out.reset(i, m)
-            self.cache.crop(i, 0)
-            self.stats.num_prompt_tokens[i] = len(p)
-        first = prefill_counted(self.model, prompts, self.cache, self.sampling, self.gen, self.stats, self.clock,
-                                rows=rows)[0]
-        for i, t in zip(rows, first):
+        for i, t in zip(rows, self.prefill(self.cache, rows, prompts, max_new)):
             self.out.commit(i, [t])
 
     @torch.inference_mode()
@@ -89,23 +78,13 @@ class ArDecoder:
         rows = self.out.active()
         if rows:
             last = [self.out.tokens[i][-1] for i in rows]
-            logits = self.model(torch.tensor(last, device=self.model.device),
-                                self.cache.layout([1] * len(rows), rows=rows), self.cache)
+            logits = self.target(torch.tensor(last, device=self.target.device),
+                                 self.cache.layout([1] * len(rows), rows=rows), self.cache)
             s = self.sampling
             for i, t in zip(rows, sample_next(logits, s.temperature, s.top_k, s.top_p, self.gen).tolist()):
                 self.out.commit(i, [t])
             self.stats.target_forwards += 1
         return rows
-
-    def drop(self, i: int) -> None:
-        """End row i's sequence now (its client went away); the row is free."""
-        self.out.done[i] = True
-
-    def finish(self) -> GenerationOutput:
-        return self.out.finish(self.stats, self.clock.now() - self.stats.prefill_seconds)
-
-    def close(self) -> None:
-        pass
 
 
 @torch.inference_mode()

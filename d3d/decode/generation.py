@@ -159,6 +159,38 @@ class Clock:
         return result, (start, self.now())
 
 
+class Decoder:
+    """What every decoder whose rows sequences join and leave shares: ``out`` (every row free until a
+    sequence is admitted), ``stats``, the ``clock``, the sampling stream, and the prefill of newcomers."""
+
+    def __init__(self, target: Transformer, stats: GenerationStats, sampling, stop_ids: set[int],
+                 stream: StreamFn | None):
+        self.target, self.stats, self.sampling, self.clock = target, stats, sampling, Clock()
+        self.out = Output(stats.batch_size, 0, stop_ids, stream)
+        self.out.done = [True] * stats.batch_size
+        self.gen = sampling_generator(target.device, sampling)
+
+    def prefill(self, cache: KVCache, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> list[int]:
+        """Rows ``rows`` start the sequences ``prompts`` (their cache rows emptied first): one prefill pass
+        for all; returns their first tokens (not committed yet)."""
+        for i, p, m in zip(rows, prompts, max_new):
+            self.out.reset(i, m)
+            cache.crop(i, 0)
+            self.stats.num_prompt_tokens[i] = len(p)
+        return prefill_counted(self.target, prompts, cache, self.sampling, self.gen, self.stats, self.clock,
+                               rows=rows)[0]
+
+    def drop(self, i: int) -> None:
+        """End row i's sequence now (its client went away); the row is free."""
+        self.out.done[i] = True
+
+    def finish(self) -> GenerationOutput:
+        return self.out.finish(self.stats, self.clock.now() - self.stats.prefill_seconds)
+
+    def close(self) -> None:
+        pass
+
+
 def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, temperature: float,
             gen: torch.Generator | None, hidden_layers: tuple[int, ...] = (), top_k: int | None = None,
             top_p: float | None = None, rows: list[int] | None = None):
@@ -192,4 +224,4 @@ def prefill_counted(target: Transformer, prompts: list[list[int]], cache: KVCach
     return first
 
 
-__all__ = ["GenerationStats", "GenerationOutput", "Output", "Clock", "prefill", "prefill_counted", "sampling_generator", "StreamFn"]
+__all__ = ["GenerationStats", "GenerationOutput", "Output", "Clock", "Decoder", "prefill", "prefill_counted", "sampling_generator", "StreamFn"]

@@ -42,7 +42,7 @@ import torch
 
 from ..draft.drafter import Block
 from .config import Sampling, SpecConfig
-from .generation import (Clock, GenerationOutput, GenerationStats, Output, StreamFn, prefill_counted,
+from .generation import (Clock, Decoder, GenerationOutput, GenerationStats, Output, StreamFn, prefill_counted,
                          sampling_generator)
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
@@ -305,7 +305,7 @@ class Drafting:
         return hit
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(Decoder):
     """D3D's rounds (sync or async, every knob of ``spec`` set: ``SpecConfig.resolve``) over ``rows`` cache
     rows that sequences join (``admit``) and leave (done, or ``drop``) between rounds; ``step`` is one
     round, the module docstring's steps. ``generate_speculative`` admits every prompt at once; the
@@ -318,33 +318,27 @@ class SpeculativeDecoder:
                  on_round: Callable[[RoundInfo], None] | None = None):
         B, use_hyps = spec.block_size or drafter.block_size, spec.mode == "async"
         K = spec.hypotheses if drafter.dcfg.denoise_steps == 1 else 1
-        self.target, self.spec, self.sampling, self.on_round, self.rnd = target, spec, sampling, on_round, 0
+        super().__init__(target, GenerationStats(spec.mode, rows, [0] * rows, [0] * rows, block_size=B,
+                                                 accept_hist=[0] * B, hits_by_accept=[0] * B),
+                         sampling, stop_ids, stream)
+        self.spec, self.on_round, self.rnd = spec, on_round, 0
         self.price = RowPrice() if spec.verify_min_prob == "auto" else None
-        self.stats = GenerationStats(spec.mode, rows, [0] * rows, [0] * rows, block_size=B, accept_hist=[0] * B,
-                                     hits_by_accept=[0] * B)
-        self.out, self.clock = Output(rows, 0, stop_ids, stream), Clock()
-        self.out.done = [True] * rows  # a row decodes once a sequence is admitted to it
         self.ov = make_overlap(spec.overlap if use_hyps else "none", self.clock, target, drafter)
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
         self.seqs = Sequences(target, [[] for _ in range(rows)], self.out, self.stats, tcache, sampling.temperature,
                               sampling.seed)
-        self.gen = sampling_generator(target.device, sampling)
         self.side = Drafting(drafter, dcache, self.seqs, self.stats, B, use_hyps, K, spec.fanout,
                              spec.successor_threshold, spec.leaves, draft_sources(spec))
 
     @torch.inference_mode()
     def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
         """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token."""
-        for i, p, m in zip(rows, prompts, max_new):
+        for i, p in zip(rows, prompts):
             self.seqs.committed[i] = list(p)
-            self.out.reset(i, m)
-            self.seqs.tcache.crop(i, 0)
             self.side.dcache.crop(i, 0)
             self.side.ready[i] = None
-            self.stats.num_prompt_tokens[i] = len(p)
-        self.seqs.begin(prefill_counted(self.target, prompts, self.seqs.tcache, self.sampling, self.gen, self.stats,
-                                        self.clock, rows=rows)[0], rows)
+        self.seqs.begin(self.prefill(self.seqs.tcache, rows, prompts, max_new), rows)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -382,13 +376,6 @@ class SpeculativeDecoder:
                                gained, clock.now() - began)
         self.rnd += 1
         return rows
-
-    def drop(self, i: int) -> None:
-        """End row i's sequence now (its client went away); the row is free."""
-        self.out.done[i] = True
-
-    def finish(self) -> GenerationOutput:
-        return self.out.finish(self.stats, self.clock.now() - self.stats.prefill_seconds)
 
     def close(self) -> None:
         self.ov.close()
