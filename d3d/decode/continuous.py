@@ -1,6 +1,6 @@
 """Continuous batching: greedy answers to many prompts with a fixed number of sequences in flight.
 
-``generate_ar`` runs a batch until its longest sequence ends, its finished rows dropping out. When
+``ArDecoder`` (``generate`` with ar) runs a batch until its longest sequence ends, its finished rows dropping out. When
 answers vary in length that wastes the batch: of the 13,112 answers in
 ``data/qwen2.5-coder-answers`` (160-token cap, batches of 64), the rows kept the batch 64% full
 on average. Here a cache row whose sequence ended is refilled with the next prompt at once: the
@@ -14,7 +14,7 @@ Qwen2.5-Coder-0.5B bf16, 2-core AMD EPYC): refilling alone 1.09x over fixed batc
 CPU is compute-bound at 64 rows: a half-empty pass costs about half as much (32 or 128 slots: 222
 and 235 tok/s), and prefill is ~46% of the tokens a request costs.
 
-Output equals ``generate_ar`` on each prompt alone, token for token in fp32 (``tests/test_continuous.py``);
+Output equals ar ``generate`` on each prompt alone, token for token in fp32 (``tests/test_continuous.py``);
 in low precision a row's logits can differ in the last bits with the batch around it, as they do
 in any batched decoding (bf16, 256 requests: 256/256 answers equal to fixed batches' without the
 shared prefix, 232/256 with it, whose K/V come from a pass of another shape).

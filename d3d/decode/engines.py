@@ -1,13 +1,15 @@
 """Decoding behind one ``generate`` entry point.
 
 ``ar``      plain autoregressive decoding: one target forward per token (the baseline every
-            speculative engine must reproduce exactly at temperature 0).
+            speculative engine must reproduce exactly at temperature 0; ``ArDecoder``).
 ``sync``    draft B-1 tokens with the D3D drafter, verify them with one target forward.
 ``async``   D3D: beside verification the drafter drafts successor blocks for the likeliest
             verification outcomes (``d3d.decode.speculative``, ``d3d.decode.hypotheses``, ``d3d.decode.overlap``).
-``dflash``  the DFlash baseline (its drafter reads the target's hidden states).
+``dflash``  the DFlash baseline (its drafter reads the target's hidden states; ``d3d.decode.dflash``).
 
-All engines share prefill, output buffers, stop handling and statistics (``d3d.decode.generation``).
+Each is a decoder whose rows sequences join and leave between rounds; ``generate`` admits every prompt
+at once and runs rounds until all are done. All share prefill, output buffers, stop handling and
+statistics (``d3d.decode.generation.Decoder``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec
 from .sampling import check_sampling_args, sample_next
-from .speculative import RoundInfo, generate_dflash, generate_speculative
+from .dflash import DFlashDecoder
+from .speculative import RoundInfo, SpeculativeDecoder
 
 
 
@@ -87,24 +90,6 @@ class ArDecoder(Decoder):
         return rows
 
 
-@torch.inference_mode()
-def generate_ar(
-    model: Transformer,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    sampling: Sampling = Sampling(),
-    stop_ids: set[int] = frozenset(),
-    stream: StreamFn | None = None,
-) -> GenerationOutput:
-    """One target forward per token. Sequences that finish drop out of the batch."""
-    n = len(prompts)
-    dec = ArDecoder(model, sampling, stop_ids, n, max(len(p) for p in prompts) + max_new_tokens, stream)
-    dec.admit(list(range(n)), prompts, [max_new_tokens] * n)
-    while dec.step():
-        pass
-    return dec.finish()
-
-
 def generate(
     model: Transformer,
     prompt_ids,
@@ -139,14 +124,17 @@ def generate(
     spec.check()
     if spec.mode == "ar":
         check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
-        return generate_ar(model, prompts, max_new_tokens, sampling, stops, stream)
+        dec = ArDecoder(model, sampling, stops, len(prompts), max(map(len, prompts)) + max_new_tokens, stream)
+        return dec.run(prompts, max_new_tokens)
     if (sampling.top_k is not None or sampling.top_p is not None) and sampling.temperature > 0:
         raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
     spec = resolved_spec(model, drafter, spec)
     check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
                  extra=2 * spec.block_size + 2)
-    run = generate_dflash if spec.mode == "dflash" else generate_speculative
-    return run(model, drafter, prompts, max_new_tokens, spec, sampling, stops, stream, on_round)
+    rounds = DFlashDecoder if spec.mode == "dflash" else SpeculativeDecoder
+    dec = rounds(model, drafter, spec, sampling, stops, len(prompts), max(map(len, prompts)) + max_new_tokens, stream,
+                 on_round)
+    return dec.run(prompts, max_new_tokens)
 
 
 def resolved_spec(model: Transformer, drafter, spec: SpecConfig) -> SpecConfig:
@@ -169,5 +157,5 @@ def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:
         raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}")
 
 
-__all__ = ["generate", "generate_ar", "generate_speculative", "generate_dflash", "GenerationOutput",
+__all__ = ["generate", "GenerationOutput",
            "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig", "Sampling", "normalize_prompts", "check_limits", "resolved_spec"]

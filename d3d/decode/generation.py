@@ -170,15 +170,18 @@ class Decoder:
         self.out.done = [True] * stats.batch_size
         self.gen = sampling_generator(target.device, sampling)
 
-    def prefill(self, cache: KVCache, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> list[int]:
+    def prefill(self, cache: KVCache, rows: list[int], prompts: list[list[int]], max_new: list[int],
+                hidden_layers: tuple[int, ...] = ()):
         """Rows ``rows`` start the sequences ``prompts`` (their cache rows emptied first): one prefill pass
-        for all; returns their first tokens (not committed yet)."""
+        for all; returns their first tokens (not committed yet), with ``hidden_layers`` also ``prefill``'s
+        hidden states."""
         for i, p, m in zip(rows, prompts, max_new):
             self.out.reset(i, m)
             cache.crop(i, 0)
             self.stats.num_prompt_tokens[i] = len(p)
-        return prefill_counted(self.target, prompts, cache, self.sampling, self.gen, self.stats, self.clock,
-                               rows=rows)[0]
+        first, hidden = prefill_counted(self.target, prompts, cache, self.sampling, self.gen, self.stats, self.clock,
+                                        hidden_layers, rows)
+        return (first, hidden) if hidden_layers else first
 
     def drop(self, i: int) -> None:
         """End row i's sequence now (its client went away); the row is free."""
@@ -189,6 +192,16 @@ class Decoder:
 
     def close(self) -> None:
         pass
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationOutput:
+        """Every prompt at once (row i: prompt i), rounds until all are done: ``generate``'s loop."""
+        try:
+            self.admit(list(range(len(prompts))), prompts, [max_new_tokens] * len(prompts))
+            while self.step():
+                pass
+        finally:
+            self.close()
+        return self.finish()
 
 
 def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, temperature: float,

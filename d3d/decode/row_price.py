@@ -7,7 +7,7 @@ already commits tokens at:
     P(the k-th draft is accepted)  >=  R * b,
 
 R the committed tokens per second (drafting and verification included), b the seconds one more
-verified row adds to a pass. ``generate_speculative`` cuts each draft where the joint probability
+verified row adds to a pass. ``SpeculativeDecoder`` cuts each draft where the joint probability
 its drafts carry (``Draft.likely_length``: the drafter's confidences; ``d3d.decode.lookup``'s estimates for
 copied chains) falls below that threshold, ``verify_min_prob``. A fixed one (0.05 on a CPU) was chosen
 on one machine; ``RowPrice`` measures both factors as the generation runs instead, so the cut follows

@@ -19,7 +19,7 @@ A D3D round, for every active sequence:
                   matching (a, bonus), if any, is the next round's draft: no drafting on its
                   critical path
 
-``sync`` is steps 1, 2, 4. DFlash (``generate_dflash``) drafts from the target's hidden states, so
+``sync`` is steps 1, 2, 4. DFlash (``d3d.decode.dflash``) drafts from the target's hidden states, so
 it cannot draft before verification ends: steps 1, 2, 4 with its own drafter.
 
 Invariants, per sequence: ``committed`` = prompt + output; the last committed token is the
@@ -42,8 +42,7 @@ import torch
 
 from ..draft.drafter import Block
 from .config import Sampling, SpecConfig
-from .generation import (Clock, Decoder, GenerationOutput, GenerationStats, Output, StreamFn, prefill_counted,
-                         sampling_generator)
+from .generation import Clock, Decoder, GenerationStats, Output, StreamFn
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
 from .sources import Draft, draft_sources
@@ -308,7 +307,7 @@ class Drafting:
 class SpeculativeDecoder(Decoder):
     """D3D's rounds (sync or async, every knob of ``spec`` set: ``SpecConfig.resolve``) over ``rows`` cache
     rows that sequences join (``admit``) and leave (done, or ``drop``) between rounds; ``step`` is one
-    round, the module docstring's steps. ``generate_speculative`` admits every prompt at once; the
+    round, the module docstring's steps. ``generate`` admits every prompt at once; the
     server admits requests as they come. A drafter with ``denoise_steps > 1`` drafts only the
     all-accepted hypothesis (its later steps re-run whole blocks); in a batch every row verifies as many
     drafts as the shortest row's draft has."""
@@ -381,32 +380,6 @@ class SpeculativeDecoder(Decoder):
         self.ov.close()
 
 
-@torch.inference_mode()
-def generate_speculative(
-    target: Transformer,
-    drafter: "Drafter",
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    spec: SpecConfig,
-    sampling: Sampling = Sampling(),
-    stop_ids: set[int] = frozenset(),
-    stream: StreamFn | None = None,
-    on_round: Callable[[RoundInfo], None] | None = None,
-) -> GenerationOutput:
-    """Speculative decoding of every prompt with a D3D drafter (``SpeculativeDecoder``). Lossless whatever
-    the knobs."""
-    n = len(prompts)
-    dec = SpeculativeDecoder(target, drafter, spec, sampling, stop_ids, n, max(len(p) for p in prompts) + max_new_tokens,
-                             stream, on_round)
-    try:
-        dec.admit(list(range(n)), prompts, [max_new_tokens] * n)
-        while dec.step():
-            pass
-    finally:
-        dec.close()
-    return dec.finish()
-
-
 @dataclass
 class Plan:
     """What a round verifies: each row's drafts (``drafts``, cut to what is worth verifying) and leaves."""
@@ -440,63 +413,5 @@ def round_info(rnd: int, i: int, plan: Plan, r: RoundDrafts, o: Outcome, new: li
                      leaf=o.leaf, copied=i in r.copied, stored=i in r.stored, min_prob=plan.min_prob)
 
 
-@torch.inference_mode()
-def generate_dflash(
-    target: Transformer,
-    drafter,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    spec: SpecConfig,
-    sampling: Sampling = Sampling(),
-    stop_ids: set[int] = frozenset(),
-    stream: StreamFn | None = None,
-    on_round: Callable[[RoundInfo], None] | None = None,
-) -> GenerationOutput:
-    """The DFlash baseline: a synchronous loop whose drafter reads the target's hidden states.
-    ``spec.exact``: verification attends as AR steps do (``generate_speculative``).
-
-    Every target pass (prefill, verification) also returns the hidden states of the drafter's
-    ``target_layer_ids``; those of the newly committed tokens (all but the anchor, whose hidden
-    state the next verification computes) become the drafter's context.
-    """
-    block_size, exact, temperature, seed = spec.block_size, spec.exact, sampling.temperature, sampling.seed
-    B = block_size or drafter.block_size
-    n, dev = len(prompts), target.device
-    stats = GenerationStats("dflash", n, [len(p) for p in prompts], [0] * n, block_size=B, accept_hist=[0] * B)
-    out, clock = Output(n, max_new_tokens, stop_ids, stream), Clock()
-    longest = max(len(p) for p in prompts) + max_new_tokens
-    tcache, ccache = target.new_cache(n, longest + B + 1), drafter.new_cache(n, longest + B + 1)
-    gen = sampling_generator(dev, sampling)
-    layers = drafter.hidden_layers
-    seqs = Sequences(target, prompts, out, stats, tcache, temperature, seed)
-    first, hidden = prefill_counted(target, prompts, tcache, sampling, gen, stats, clock, hidden_layers=layers)
-    drafter.append_context(ccache, list(range(n)), hidden, [len(p) for p in prompts])
-    seqs.begin(first)
-
-    rnd = 0
-    while rows := out.active():
-        drafts, (t0, t1) = clock.timed(lambda: drafter.draft(ccache, rows, [seqs.committed[i][-1] for i in rows], B - 1))
-        stats.drafter_forwards += 1
-        stats.draft_seconds += t1 - t0
-        draft_list = drafts.tolist()
-        v = seqs.verification(rows, draft_list, exact)
-        (logits, hidden), v_span = clock.timed(lambda: target(v.ids, v.layout, v.cache, hidden_layers=layers))
-        outcomes = seqs.judge(logits, draft_list, rnd)
-        accepted = [len(o.accepted) for o in outcomes]
-        stats.count_verification(v_span)
-        stats.verified_drafts += len(rows) * (B - 1)
-        # context grows by the anchor + accepted drafts of each row
-        keep = torch.cat([torch.arange(j * B, j * B + a + 1, device=dev) for j, a in enumerate(accepted)])
-        drafter.append_context(ccache, rows, [h.index_select(0, keep) for h in hidden], [a + 1 for a in accepted])
-        for j, i in enumerate(rows):
-            new = seqs.commit(i, outcomes[j], B - 1)
-            if on_round:
-                on_round(RoundInfo(round=rnd, seq=i, draft=draft_list[j], accepted=accepted[j], bonus=outcomes[j].bonus,
-                                   committed=new, successor_used=False, fallback=False, sync_draft_seconds=t1 - t0,
-                                   verify_span=v_span, draft_span=None, confidence=0.0))
-        rnd += 1
-    return out.finish(stats, clock.now() - stats.prefill_seconds)
-
-
-__all__ = ["generate_speculative", "SpeculativeDecoder", "generate_dflash", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts",
+__all__ = ["SpeculativeDecoder", "RoundInfo", "Sequences", "Draft", "Outcome", "host_drafts",
            "verify_widths", "RoundDrafts"]
