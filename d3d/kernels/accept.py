@@ -364,6 +364,7 @@ def accept(
     seed: int = 0,
     draft_probs: torch.Tensor | None = None,
     stop_ids: torch.Tensor | Sequence[int] | None = None,
+    torch_path: bool = False,
 ) -> AcceptResult:
     """Verify ``N`` drafts against the target in one launch (see the module docstring).
 
@@ -379,23 +380,15 @@ def accept(
     Returns:
         ``AcceptResult(accept_len [N], bonus [N], tokens [N, B], num_tokens [N], stop_hit [N])``.
 
-    Dispatch: the Triton kernel for CUDA tensors, the torch path otherwise (``D3D_KERNELS``).
+    Dispatch: the Triton kernel for CUDA tensors, the torch path otherwise (``D3D_KERNELS``) or with
+    ``torch_path``.
     """
     draft, q, stop, kw = _prepare(draft, logits, temperature, seed, draft_probs, stop_ids)
-    if use_triton(logits):
+    if use_triton(logits) and not torch_path:
         return _accept_triton(draft, logits, q, stop, **kw)
     return _accept_torch(draft, logits, q, stop, **kw)
 
 
-def accept_torch(
-    draft: torch.Tensor,
-    logits: torch.Tensor,
-    *,
-    temperature: float = 0.0,
-    seed: int = 0,
-    draft_probs: torch.Tensor | None = None,
-    stop_ids: torch.Tensor | Sequence[int] | None = None,
-) -> AcceptResult:
+def accept_torch(draft: torch.Tensor, logits: torch.Tensor, **kw) -> AcceptResult:
     """``accept`` on the torch path whatever the backend setting (the reference)."""
-    draft, q, stop, kw = _prepare(draft, logits, temperature, seed, draft_probs, stop_ids)
-    return _accept_torch(draft, logits, q, stop, **kw)
+    return accept(draft, logits, torch_path=True, **kw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import hashlib
 import time
 from pathlib import Path
 
@@ -33,6 +34,18 @@ def save_atomic(obj, path: Path) -> None:
     """``torch.save`` to a temporary file, then rename: a killed save never leaves a broken file."""
     with atomic(path) as tmp:
         torch.save(obj, tmp)
+
+
+def labels_cache(cache_dir: Path, name: str, target, inputs: bytes, what: str, log=print):
+    """Where the labels ``target`` makes for ``inputs`` are cached: ``(path, partial, cached)``, keyed by the
+    inputs and the target (config, dtype, first weights); ``cached``: the finished file's contents or None."""
+    key = hashlib.sha256(inputs + str(target.cfg.to_hf()).encode() + str(target.dtype).encode()
+                         + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
+    path, partial = cache_dir / f"{name}-{key}.pt", cache_dir / f"{name}-{key}.partial.pt"
+    if not path.is_file():
+        return path, partial, None
+    log(f"using cached {what} {path}")
+    return path, partial, torch.load(path)
 
 
 def resumable_rows(partial: Path, total: int, chunk: int, make, what: str, per_row: int, unit: str,

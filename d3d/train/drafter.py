@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from ..data.prompts import heldout_prompts
 from ..model.tokenizer import Tokenizer
 from .bd3_compact import compact_layout, grouped_batch, kept_length, length_order
 from .chat_data import REQUEST_KINDS, chat_prompts, make_chat_training_data
-from .common import make_optimizer, resumable_rows, save_atomic
+from .common import labels_cache, make_optimizer, resumable_rows, save_atomic
 from .soft_labels import make_soft_labels, soft_cross_entropy
 from .loop import TrainSettings, train_loop
 from .target import token_stream
@@ -151,13 +150,11 @@ def make_training_data(target: Transformer, tok: Tokenizer, corpus_root: str | N
     """``[n_sequences, prompt_len + gen_len]``: corpus prompts + the target's greedy continuation
     (generated in ``target``'s dtype: pass the dtype policy's copy, bf16 where the CPU is fast at it)."""
     corpus = find_corpus(corpus_root, heldout_fraction)
-    key = hashlib.sha256(json.dumps([str(corpus.root), len(corpus.train), n_sequences, prompt_len, gen_len, seed,
-                                     target.cfg.to_hf(), str(target.dtype)], sort_keys=True).encode()
-                         + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
-    path, partial = cache_dir / f"drafter-data-{key}.pt", cache_dir / f"drafter-data-{key}.partial.pt"
-    if path.is_file():
-        log(f"using cached target continuations {path}")
-        return torch.load(path)
+    path, partial, cached = labels_cache(cache_dir, "drafter-data", target, json.dumps(
+        [str(corpus.root), len(corpus.train), n_sequences, prompt_len, gen_len, seed]).encode(),
+        "target continuations", log)
+    if cached is not None:
+        return cached
     stream = token_stream(tok, read_texts(corpus.train))
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, stream.numel() - prompt_len, (n_sequences,), generator=gen)
@@ -197,14 +194,10 @@ def make_teacher_data(target: Transformer, tok: Tokenizer, corpus_root: str | No
     """``(windows, labels)`` [n_windows, window]: random windows of the training split and the
     target's greedy token at every position (``teacher_labels``), cached, resumable by chunks."""
     corpus = find_corpus(corpus_root, heldout_fraction)
-    key = hashlib.sha256(json.dumps([str(corpus.root), len(corpus.train), n_windows, window, seed,
-                                     target.cfg.to_hf(), str(target.dtype)], sort_keys=True).encode()
-                         + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
-    path, partial = cache_dir / f"teacher-{key}.pt", cache_dir / f"teacher-{key}.partial.pt"
-    if path.is_file():
-        log(f"using cached teacher labels {path}")
-        data = torch.load(path)
-        return data["windows"], data["labels"]
+    path, partial, cached = labels_cache(cache_dir, "teacher", target, json.dumps(
+        [str(corpus.root), len(corpus.train), n_windows, window, seed]).encode(), "teacher labels", log)
+    if cached is not None:
+        return cached["windows"], cached["labels"]
     stream = token_stream(tok, read_texts(corpus.train))
     if stream.numel() <= window:
         raise ValueError(f"corpus {corpus.root}: {stream.numel()} training tokens, fewer than one --window {window}")

@@ -13,14 +13,13 @@ context (ids -1, probs 0).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..model.transformer import Transformer
-from .common import resumable_rows, save_atomic
+from .common import labels_cache, resumable_rows, save_atomic
 
 
 @torch.no_grad()
@@ -48,14 +47,10 @@ def make_soft_labels(target: Transformer, rows: torch.Tensor, lengths: torch.Ten
     own length (right padding is not computed)."""
     if k < 1:
         raise ValueError(f"--soft-labels={k}: must be >= 1 (0 turns soft labels off)")
-    key = hashlib.sha256(rows.numpy().tobytes() + lengths.numpy().tobytes() + str(k).encode()
-                         + str(target.cfg.to_hf()).encode() + str(target.dtype).encode()
-                         + target.embed_tokens.weight[:4].float().numpy().tobytes()).hexdigest()[:16]
-    path, partial = cache_dir / f"soft-labels-{key}.pt", cache_dir / f"soft-labels-{key}.partial.pt"
-    if path.is_file():
-        log(f"using cached soft labels {path}")
-        data = torch.load(path)
-        return data["ids"], data["probs"]
+    path, partial, cached = labels_cache(cache_dir, "soft-labels", target, rows.numpy().tobytes()
+                                         + lengths.numpy().tobytes() + str(k).encode(), "soft labels", log)
+    if cached is not None:
+        return cached["ids"], cached["probs"]
     order = torch.argsort(lengths, stable=True)
 
     def label(i: int, j: int) -> torch.Tensor:  # [j - i, L, 2k] fp32: ids (exact below 2^24), then probs
