@@ -44,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+from .lookup import longest_suffix
+
 SEPARATOR = -1  # between answers: never matched, never drafted
 
 
@@ -108,15 +110,15 @@ class Datastore:
         """Up to ``max_len`` drafts after ``context`` (module docstring), from the longest suffix of
         ``context`` (``min_ngram``+ tokens) that occurs with something after it; an empty ``Chain``
         where none does, or where the first draft's estimate is below ``min_confidence``."""
-        for k in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
-            found = self.occurrences(context[-k:])
+        def walk_after(suffix: list[int]) -> Chain | None:
+            found = self.occurrences(suffix)
             step = max(1, len(found) / self.sample)
-            starts = [self.order[found.start + int(i * step)] + k for i in range(min(len(found), self.sample))]
+            starts = [self.order[found.start + int(i * step)] + len(suffix) for i in range(min(len(found), self.sample))]
             walk = majority_walk([self.tokens[s:s + max_len] for s in starts], self.top)
-            if walk:  # else no occurrence, or each ended its answer: a shorter suffix may go on
-                chain = self.estimate(walk)
-                return chain if chain.confidence[0] >= self.min_confidence else Chain()
-        return Chain()
+            return self.estimate(walk) if walk else None  # else no occurrence, or each ended its answer
+
+        chain = longest_suffix(context, self.min_ngram, self.max_ngram, walk_after)
+        return chain if chain and chain.confidence[0] >= self.min_confidence else Chain()
 
     name = "datastore"  # a draft source (d3d.decode.sources): its counter is GenerationStats.datastore_drafts
 

@@ -72,14 +72,28 @@ def lookup_copy(context: list[int], min_ngram: int, max_len: int, max_ngram: int
     if min_ngram < 1 or max_len < 1:
         raise ValueError(f"lookup: min_ngram and max_len must be >= 1, got {min_ngram}, {max_len}")
     L = len(context)
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        tail = context[L - n:]
+
+    def copy_after(tail: list[int]) -> Copy | None:
+        n = len(tail)
         for start in range(L - n - 1, -1, -1):  # most recent first; the match itself is excluded
             if context[start:start + n] == tail:
                 m = n  # how far the match reaches back
                 while m < LONG and start - (m - n) > 0 and context[start - (m - n) - 1] == context[L - m - 1]:
                     m += 1
                 return Copy(context[start + n:start + n + max_len], m)
+        return None
+
+    return longest_suffix(context, min_ngram, min(max_ngram, L - 1), copy_after)
+
+
+def longest_suffix(context: list[int], min_ngram: int, max_ngram: int, propose):
+    """N-gram retrieval's one rule, for the context (``lookup_copy``) and the datastore
+    (``d3d.decode.datastore``) alike: ``propose(suffix)`` for the context's suffixes of ``max_ngram``
+    tokens down to ``min_ngram``; the first proposal that is not None (the longest match wins), or None."""
+    for n in range(min(max_ngram, len(context)), min_ngram - 1, -1):
+        found = propose(context[len(context) - n:])
+        if found is not None:
+            return found
     return None
 
 
@@ -89,4 +103,4 @@ def lookup_chain(context: list[int], min_ngram: int, max_len: int, max_ngram: in
     return found.tokens if found else []
 
 
-__all__ = ["lookup_chain", "lookup_copy", "copy_confidence", "Copy", "SHORT_MATCH", "LONG_MATCH", "LONG"]
+__all__ = ["lookup_chain", "lookup_copy", "longest_suffix", "copy_confidence", "Copy", "SHORT_MATCH", "LONG_MATCH", "LONG"]
