@@ -67,9 +67,12 @@ class Scripted(RowPrice):
         self.k += 1
         return self.script[(self.k - 1) % len(self.script)]
 
-    def observe(self, rows, verify_seconds, tokens, round_seconds):
+    def observe(self, rows, verify_seconds, tokens, round_seconds, drafted=True):
         Scripted.seen.append((rows, tokens))
-        super().observe(rows, verify_seconds, tokens, round_seconds)
+        super().observe(rows, verify_seconds, tokens, round_seconds, drafted)
+
+    def draft(self, rows):  # every round drafts: the cuts are what is tested
+        return True
 
 
 def scripted_run(mode, monkeypatch, script, leaves):
@@ -134,3 +137,32 @@ def test_auto_measures_and_refuses_nonsense():
     with pytest.raises(ValueError, match="verify_min_prob='sometimes'"):
         generate(target, PROMPTS, max_new_tokens=3, drafter=drafter,
                  spec=SpecConfig(mode="sync", verify_min_prob="sometimes"))
+
+
+def test_a_batch_drafts_while_drafting_rounds_commit_faster_than_plain_steps():
+    """``RowPrice.draft``: a single sequence always drafts; a batch tries both kinds once, then takes the
+    faster, probing the other every ``probe_every``-th round, and follows a change of which is faster."""
+    p = RowPrice(probe_every=4)
+    assert all(p.draft(1) for _ in range(10))
+    assert p.draft(8) is True
+    p.observe(8, 0.1, 8, 0.1, drafted=True)  # drafting: 80 tok/s
+    assert p.draft(8) is False
+    p.observe(8, 0.1, 20, 0.1, drafted=False)  # plain steps: 200 tok/s
+    kinds = [p.draft(8) for _ in range(8)]
+    assert kinds.count(True) == 2 and kinds[3] is True and kinds[7] is True  # steps, a drafting probe every 4th
+    for _ in range(12):
+        p.observe(8, 0.2, 100, 0.2, drafted=True)  # drafting became faster (500 tok/s)
+    assert p.draft(8) is True
+
+
+def test_a_batch_whose_drafts_never_pay_takes_plain_steps_and_equals_ar():
+    """Rows told to step get an empty draft (a verification of the anchor alone): the output stays ar's."""
+    target = tiny_target(seed=3)
+    drafter = random_drafter(target, 4, seed=4)
+    ref = reference(target, PROMPTS, 24)
+    rounds = []
+    out = generate(target, PROMPTS, max_new_tokens=24, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                   spec=SpecConfig(mode="sync", lookup=0, leaves=0, verify_min_prob="auto"))
+    assert out.tokens == ref
+    assert any(not r.draft for r in rounds) and any(r.draft for r in rounds)  # both kinds ran
+    assert not any(r.successor_used for r in rounds)

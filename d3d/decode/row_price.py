@@ -24,6 +24,14 @@ the machine, the dtype and the text:
     1.16x / 1.26x of ar, two runs (docs/results/copy-length/).
     AMX, or a GPU (expected, unmeasured): b ~ 0, every draft verified.
 
+In a batch the drafter pass itself has a price: it runs for every row while the batch already keeps
+the CPU busy, so rounds that draft and plain steps (empty drafts; copied ones still verified) are
+timed and the faster kind taken, the other probed every 8th round (``RowPrice.draft``). A single
+sequence always drafts: the same choice had lost 3-5% there on validation requests (the "gate",
+docs/results.md). Batches, Qwen2.5-Coder-0.5B, 16 validation chat requests a set, 2-core Zen 5
+(docs/results/serve/gate_validation.json): code 1.02x -> 1.11x of ar at 4 rows, 0.74x -> 0.90x at 16;
+explanations 0.84x -> 0.89x and 0.72x -> 0.88x.
+
 b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
 rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio
 of exponentially weighted tokens and seconds. Until ``warmup`` rounds are in, and whenever the widths
@@ -34,11 +42,15 @@ depend on timing, the tokens do not (every cut is lossless).
 from __future__ import annotations
 
 
+DRAFT_DECAY = 0.25  # the weight of a new round in the rates of drafting rounds and plain steps
+
+
 class RowPrice:
     """Running estimates of R (tokens per second) and b (seconds per verified row), and the
     threshold R * b (``min_prob``). ``decay``: the weight of a new round in each average."""
 
-    def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 0.5):
+    def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 0.5,
+                 min_rows: int = 2, probe_every: int = 8):
         if not 0 <= prior <= 1:
             raise ValueError(f"prior={prior!r}: must be a probability in [0, 1]")
         if not 0 < decay <= 1:
@@ -46,13 +58,15 @@ class RowPrice:
         if not 0 < ceiling <= 1:
             raise ValueError(f"ceiling={ceiling!r}: must be in (0, 1]")
         self.prior, self.decay, self.warmup, self.ceiling = prior, decay, warmup, ceiling
+        self.min_rows, self.probe_every, self.since_probe = min_rows, probe_every, 0
+        self.by_kind = {True: [None, None], False: [None, None]}  # drafted? -> EWMA [tokens, seconds] of rounds
         self.rounds = 0
         self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
         self.tokens = self.seconds = 0.0
 
-    def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float) -> None:
+    def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float, drafted: bool = True) -> None:
         """One round: a verification of ``rows`` target rows took ``verify_seconds``; the whole round
-        (drafting included) committed ``tokens`` in ``round_seconds``."""
+        (drafting included, if the drafter ran: ``drafted``) committed ``tokens`` in ``round_seconds``."""
         if rows < 1 or verify_seconds < 0 or tokens < 0 or round_seconds < 0:
             raise ValueError(f"observe(rows={rows}, verify_seconds={verify_seconds}, tokens={tokens}, "
                              f"round_seconds={round_seconds}): rows >= 1 and times and tokens >= 0")
@@ -61,6 +75,9 @@ class RowPrice:
             self.m[j] += d * (x - self.m[j])
         self.tokens += d * (tokens - self.tokens)
         self.seconds += d * (round_seconds - self.seconds)
+        kind = self.by_kind[drafted]
+        kind[:] = [tokens, round_seconds] if kind[0] is None else [
+            kind[0] + DRAFT_DECAY * (tokens - kind[0]), kind[1] + DRAFT_DECAY * (round_seconds - kind[1])]
         self.rounds += 1
 
     def seconds_per_row(self) -> float | None:
@@ -74,6 +91,24 @@ class RowPrice:
     def rate(self) -> float:
         """R, committed tokens per second of rounds."""
         return self.tokens / max(self.seconds, 1e-9)
+
+    def draft(self, rows: int) -> bool:
+        """Whether this round asks the drafter, for a batch of ``rows`` (a single sequence always does).
+        In a batch the drafter pass is paid for every row while the batch already keeps the CPU busy:
+        compare the tokens per second of rounds that drafted with those of plain steps (copied drafts
+        still verified), take the faster kind, and the other every ``probe_every``-th round."""
+        if rows < self.min_rows:
+            return True
+        for kind in (True, False):
+            if self.by_kind[kind][0] is None:
+                return kind
+        (td, sd), (ts, ss) = self.by_kind[True], self.by_kind[False]
+        best = td / max(sd, 1e-9) >= ts / max(ss, 1e-9)
+        self.since_probe += 1
+        if self.since_probe >= self.probe_every:
+            self.since_probe = 0
+            return not best
+        return best
 
     def min_prob(self) -> float:
         """The threshold R * b (at most ``ceiling``), or ``prior`` before it can be measured."""

@@ -201,6 +201,7 @@ class RoundDrafts:
     copied: set[int]  # rows whose draft was copied from the context (lookup) or the datastore
     stored: set[int]  # those of them whose draft came from the datastore
     seconds: float  # the drafter pass on the critical path
+    stepped: set[int] = field(default_factory=set)  # rows taking a plain step (no drafter this round)
 
 
 class Drafting:
@@ -216,16 +217,21 @@ class Drafting:
         self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
         self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
 
-    def prepare(self, rows: list[int], clock: Clock) -> RoundDrafts:
+    def prepare(self, rows: list[int], clock: Clock, drafter: bool = True) -> RoundDrafts:
         """Step 1: a row keeps its ready draft (a hypothesis of the last round hit); else the first of
-        ``sources`` that proposes one gives it; else the drafter drafts it, in one pass for all such rows."""
+        ``sources`` that proposes one gives it; else the drafter drafts it, in one pass for all such rows
+        (not ``drafter``: those rows take a plain step, an empty draft)."""
         need, source = [], {}
         for i in rows:
             if self.ready[i] is None:
                 self.ready[i], source[i] = self.propose(self.committed[i])
                 if self.ready[i] is None:
                     need.append(i)
-        seconds = 0.0
+        seconds, stepped = 0.0, set()
+        if need and not drafter:
+            for i in need:
+                self.ready[i] = Draft([], [], [], [])
+            need, stepped = [], set(need)
         if need:
             fresh, (t0, t1) = clock.timed(lambda: self.draft(need))
             for i, d in zip(need, fresh):
@@ -234,7 +240,7 @@ class Drafting:
             self.stats.draft_seconds += seconds
         copied = {i for i, name in source.items() if name is not None}
         stored = {i for i, name in source.items() if name == "datastore"}
-        return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, stored, seconds)
+        return RoundDrafts({i: self.ready[i] for i in rows}, need, copied, stored, seconds, stepped)
 
     def propose(self, context: list[int]) -> tuple[Draft | None, str | None]:
         """The first proposal of ``sources`` for ``context`` and the source's name, counted; (None, None)."""
@@ -347,7 +353,7 @@ class SpeculativeDecoder(Decoder):
             return rows
         began = clock.now()
         # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
-        r = side.prepare(rows, clock)
+        r = side.prepare(rows, clock, drafter=self.price.draft(len(rows)) if self.price and not side.use_hyps else True)
         # plan: how many drafts and which leaves are worth their rows
         plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price, stats)
         # 2 verify || 3 draft ahead for the likeliest outcomes (async)
@@ -371,8 +377,7 @@ class SpeculativeDecoder(Decoder):
                 self.on_round(round_info(rnd, i, plan, r, o, new, hyps[i], mine, hit, v_span, d_span))
         if self.price:
             self.price.observe(sum(len(plan.drafts[i].tokens) + 1 for i in rows) + sum(map(len, plan.leaves)),
-                               v_span[1] - v_span[0],
-                               gained, clock.now() - began)
+                               v_span[1] - v_span[0], gained, clock.now() - began, drafted=bool(r.need))
         self.rnd += 1
         return rows
 
@@ -407,7 +412,8 @@ def round_info(rnd: int, i: int, plan: Plan, r: RoundDrafts, o: Outcome, new: li
     """What ``on_round`` (``--explain``) sees of row ``i`` in round ``rnd``."""
     d, drafted = plan.drafts[i], i in r.need
     return RoundInfo(round=rnd, seq=i, draft=list(d.tokens), accepted=len(o.accepted), bonus=o.bonus, committed=new,
-                     successor_used=not drafted and i not in r.copied, fallback=bool(mine) and hit is None,
+                     successor_used=not drafted and i not in r.copied and i not in r.stepped,
+                     fallback=bool(mine) and hit is None,
                      sync_draft_seconds=r.seconds if drafted else 0.0, verify_span=v_span,
                      draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps, hit=hit,
                      leaf=o.leaf, copied=i in r.copied, stored=i in r.stored, min_prob=plan.min_prob)

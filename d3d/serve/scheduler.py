@@ -233,7 +233,7 @@ def round_info(tok, job: Job, r) -> dict:
     accepted, each committed token's origin (the draft's source, ``leaf``, ``bonus``), the rejected
     rest of the draft, and the request's tau so far."""
     source = "hypothesis" if r.successor_used else "datastore" if r.stored else "copy" if r.copied else "drafter"
-    origins = [source] * (len(r.committed) - 1) + ["bonus"]
+    origins = [source] * (len(r.committed) - 1) + ["bonus" if r.draft else "step"]  # no draft: a plain step
     if r.leaf is not None:
         origins[-2] = "leaf"
     n_acc = len(r.committed) - 1  # the committed tokens before the bonus (a hit leaf included)
