@@ -225,13 +225,14 @@ def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]],
                 block_size: int | None = None, batch: int = 8, stop_ids=()) -> dict:
     """Greedy sync speculative decoding over ``prompts``: τ and the acceptance histogram
     (``stop_ids``: end generation there, e.g. a chat model's end-of-turn token). The drafter's own
-    τ: no bonus leaves, no copied drafts and no plain steps (``leaves=0, lookup=0``), as
-    every τ monitor before them."""
+    τ: no bonus leaves, no copied drafts, no plain steps and no cut drafts (``leaves=0, lookup=0,
+    verify_min_prob=0``: the row price's cuts and a batch's plain steps depend on timing), as every τ
+    monitor before them."""
     hist, rounds = None, 0
     for i in range(0, len(prompts), batch):
         out = generate(target, prompts[i: i + batch], max_new_tokens=max_new_tokens, drafter=drafter,
                        stop_ids=list(stop_ids),
-                       spec=SpecConfig(mode="sync", block_size=block_size, lookup=0, leaves=0))
+                       spec=SpecConfig(mode="sync", block_size=block_size, lookup=0, leaves=0, verify_min_prob=0.0))
         hist = out.stats.accept_hist if hist is None else [a + b for a, b in zip(hist, out.stats.accept_hist)]
         rounds += out.stats.rounds
     tau = sum((a + 1) * c for a, c in enumerate(hist)) / rounds
