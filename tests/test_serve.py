@@ -212,10 +212,11 @@ PROMPTS = ["def add(a, b):", "import os\n", "class Stack:\n", "for i in range(",
 
 
 def test_concurrent_requests_decode_together_each_equal_to_generate_alone(server):
-    """16 clients at once, mixed prompts, lengths, streaming or not, sync or ar (``d3d_mode``): every
+    """16 clients at once, mixed prompts, lengths, streaming or not, sync, async or ar (``d3d_mode``): every
     answer equals d3d.generate on its prompt alone (fp32), and rounds did decode several together."""
     srv, target, tok, drafter = server
-    jobs = [(PROMPTS[i % len(PROMPTS)], 6 + 5 * i, i % 2 == 0, "ar" if i % 5 == 0 else None) for i in range(16)]
+    modes = {0: "ar", 1: "async"}
+    jobs = [(PROMPTS[i % len(PROMPTS)], 6 + 5 * i, i % 2 == 0, modes.get(i % 5)) for i in range(16)]
     got = [None] * len(jobs)
 
     def ask(k):
