@@ -166,3 +166,28 @@ def test_a_batch_whose_drafts_never_pay_takes_plain_steps_and_equals_ar():
     assert out.tokens == ref
     assert any(not r.draft for r in rounds) and any(r.draft for r in rounds)  # both kinds ran
     assert not any(r.successor_used for r in rounds)
+
+
+def test_the_successor_threshold_is_the_exposed_pass_over_the_draft_it_saves():
+    p = RowPrice()
+    assert p.successor_threshold() == 0.5  # nothing measured: the prior
+    p.observe_drafter("draft", 0.010, 1)
+    assert p.successor_threshold() == 0.5
+    p.observe_drafter("hypotheses", 0.009, 1)
+    assert p.successor_threshold() == pytest.approx(0.9)  # a CPU: the pass costs about what a hit saves
+    for _ in range(30):
+        p.observe_drafter("hypotheses", 0.0, 2)  # hidden behind verification (a second CUDA stream)
+    assert p.successor_threshold() < 0.01
+    p.observe_drafter("draft", 0.5, 0)  # no rows: nothing learned
+    assert p.per_row["draft"] == pytest.approx(0.010)
+
+
+def test_auto_successor_threshold_keeps_greedy_output():
+    target = tiny_target(seed=8)
+    drafter = random_drafter(target, 4, seed=9)
+    out = generate(target, PROMPTS, max_new_tokens=20, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode="async", successor_threshold="auto", lookup=0, verify_min_prob=0.0))
+    assert out.tokens == reference(target, PROMPTS, 20)
+    assert SpecConfig.parse("async successor_threshold=auto").successor_threshold == "auto"
+    with pytest.raises(ValueError, match="successor_threshold"):
+        SpecConfig(mode="async", successor_threshold="sometimes").check()

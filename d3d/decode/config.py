@@ -43,7 +43,7 @@ class SpecConfig:
     verify_min_prob: float | str | None = None  # verify drafts while their joint estimate beats this; "auto"
     hypotheses: int | None = None  # async: outcomes (accept length, bonus) drafted ahead per round
     fanout: int | None = None  # async: bonus candidates per accept length
-    successor_threshold: float | None = None  # async: least estimated hit probability worth drafting ahead
+    successor_threshold: float | str | None = None  # async: least estimated hit probability worth drafting ahead; "auto"
     overlap: str | None = None  # async: how the draft-ahead pass runs beside verification (OVERLAPS)
     exact: bool | None = None  # verify attention one row at a time (bit-exact low precision; None: auto)
     datastore: "Datastore | None" = field(default=None, compare=False)  # retrieved drafts (REST)
@@ -91,8 +91,8 @@ class SpecConfig:
         if p is not None and p != "auto" and not (_real(p) and 0 <= p <= 1):
             raise ValueError(f"verify_min_prob={p!r}: must be a probability in [0, 1] or 'auto' (measured as it runs)")
         t = self.successor_threshold
-        if t is not None and not (_real(t) and t >= 0):
-            raise ValueError(f"successor_threshold={t!r}: must be a number >= 0 (above 1: never draft ahead)")
+        if t is not None and t != "auto" and not (_real(t) and t >= 0):
+            raise ValueError(f"successor_threshold={t!r}: must be a number >= 0 (above 1: never draft ahead) or 'auto'")
         if self.overlap is not None and self.overlap not in OVERLAPS:
             raise ValueError(f"overlap={self.overlap!r}: expected one of {', '.join(OVERLAPS)}")
         if self.exact is not None and not isinstance(self.exact, bool):
@@ -141,7 +141,8 @@ HELP = {
                   "(accept length, bonus token)",
     "fanout": "async: F, bonus candidates per accept length (the drafter's F likeliest tokens but its draft)",
     "successor_threshold": "async: draft ahead only when the drafter's estimate that a hypothesis hits is at least "
-                           "this (0 = always)",
+                           "this (0 = always). auto: the seconds a hypotheses pass adds to the round over those of "
+                           "the synchronous draft a hit saves, measured as it runs (d3d/decode/row_price.py)",
     "overlap": "async: how the draft-ahead pass runs beside verification: none (right after it), stream (a second "
                "CUDA stream), packed (one joint pass of both models)",
     "exact": "sync/async/dflash: verify with row-invariant attention, so that greedy output equals ar token for "
@@ -167,7 +168,8 @@ def defaults(device: torch.device, mode: str, dtype: torch.dtype | None = None, 
         # on CUDA SSD's K = 8, F = 3 on a second stream, unmeasured until `python -m bench gpu`
         "hypotheses": 8 if cuda else 1,
         "fanout": 3 if cuda else 1,
-        "successor_threshold": 0.0 if cuda else 0.5,
+        # CPU: the pass's seconds over the sync draft's, measured (docs/results/async-hypotheses/validation_threshold_auto_*.json)
+        "successor_threshold": 0.0 if cuda else "auto",
         "overlap": "stream" if cuda else "none",  # d3d/decode/overlap.py: none 1.65x, packed 1.60x (bundled, Zen 5)
     }
 
@@ -202,12 +204,13 @@ def parse_value(name: str, raw: str):
         if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
             raise ValueError(f"exact={raw!r}: expected true or false")
         return raw.lower() in ("true", "1", "yes", "on")
-    if name == "verify_min_prob" and raw == "auto":
+    if name in ("verify_min_prob", "successor_threshold") and raw == "auto":
         return raw
     try:
         return float(raw) if name in ("verify_min_prob", "successor_threshold") else int(raw)
     except ValueError:
-        what = "a probability in [0, 1] or auto" if name == "verify_min_prob" else "a number"
+        what = {"verify_min_prob": "a probability in [0, 1] or auto", "successor_threshold": "a number or auto"}.get(
+            name, "a number")
         raise ValueError(f"{name}={raw!r}: expected {what}") from None
 
 

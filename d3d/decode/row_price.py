@@ -60,6 +60,7 @@ class RowPrice:
         self.prior, self.decay, self.warmup, self.ceiling = prior, decay, warmup, ceiling
         self.min_rows, self.probe_every, self.since_probe = min_rows, probe_every, 0
         self.by_kind = {True: [None, None], False: [None, None]}  # drafted? -> EWMA [tokens, seconds] of rounds
+        self.per_row = {"draft": None, "hypotheses": None}  # EWMA seconds per row: a sync draft, a hypotheses pass
         self.rounds = 0
         self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
         self.tokens = self.seconds = 0.0
@@ -109,6 +110,22 @@ class RowPrice:
             self.since_probe = 0
             return not best
         return best
+
+    def observe_drafter(self, kind: str, seconds: float, rows: int) -> None:
+        """A drafter pass on the round's critical path: ``kind`` "draft" (the synchronous draft of ``rows``
+        rows) or "hypotheses" (the part of an async hypotheses pass for ``rows`` rows that verification
+        did not hide)."""
+        if rows > 0:
+            old, x = self.per_row[kind], seconds / rows
+            self.per_row[kind] = x if old is None else old + DRAFT_DECAY * (x - old)
+
+    def successor_threshold(self, prior: float = 0.5) -> float:
+        """async: the least chance of a hit worth a hypotheses pass: the seconds it adds to a round over
+        those of the synchronous draft a hit saves (``prior`` until both are measured). A pass hidden
+        behind verification (a second CUDA stream) adds ~0: every hypothesis is worth drafting; on a CPU
+        it adds about what it saves."""
+        d, h = self.per_row["draft"], self.per_row["hypotheses"]
+        return prior if d is None or h is None or d <= 0 else h / d
 
     def min_prob(self) -> float:
         """The threshold R * b (at most ``ceiling``), or ``prior`` before it can be measured."""

@@ -209,10 +209,10 @@ class Drafting:
     the hypotheses pass (steps 1, 3 and the drafter's part of 4 in the module docstring)."""
 
     def __init__(self, drafter: "Drafter", dcache, seqs: Sequences, stats: GenerationStats, block_size: int,
-                 use_hyps: bool, K: int, fanout: int, successor_threshold: float, leaves: int = 0, sources=()):
+                 use_hyps: bool, K: int, fanout: int, leaves: int = 0, sources=()):
         self.drafter, self.dcache, self.committed, self.stats, self.B = drafter, dcache, seqs.committed, stats, block_size
         self.sources = list(sources)  # asked in order before the drafter (d3d.decode.sources)
-        self.use_hyps, self.K, self.fanout, self.threshold, self.L = use_hyps, K, fanout, successor_threshold, leaves
+        self.use_hyps, self.K, self.fanout, self.L = use_hyps, K, fanout, leaves
         # top tokens kept per position: the bonus candidates of hypotheses and leaves
         self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
         self.ready: list[Draft | None] = [None] * len(self.committed)  # a matched hypothesis: the next draft
@@ -278,11 +278,12 @@ class Drafting:
         leaves = bonus_leaves(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, n, self.L)
         return [h for h in leaves if h.score >= min_score]
 
-    def start_hypotheses(self, rows: list[int], drafts: dict[int, Draft], hyps: dict[int, list[Hypothesis]]):
-        """Step 3's pass for the rows whose hypotheses are likely enough to hit (``successor_threshold``):
+    def start_hypotheses(self, rows: list[int], drafts: dict[int, Draft], hyps: dict[int, list[Hypothesis]],
+                         threshold: float):
+        """Step 3's pass for the rows whose hypotheses are likely enough to hit (``threshold``):
         the clean run (uncached committed tokens + the drafts) and one block per hypothesis, branching
         off the drafts at its accept length. Returns (the pass's job or None, the rows in it)."""
-        rows = [i for i in rows if hyps[i] and sum(h.score for h in hyps[i]) >= self.threshold]
+        rows = [i for i in rows if hyps[i] and sum(h.score for h in hyps[i]) >= threshold]
         if not rows:
             return None, set()
         c, lengths = self.committed, self.dcache.lengths
@@ -327,14 +328,15 @@ class SpeculativeDecoder(Decoder):
                                                  accept_hist=[0] * B, hits_by_accept=[0] * B),
                          sampling, stop_ids, stream)
         self.spec, self.on_round, self.rnd = spec, on_round, 0
-        self.price = RowPrice() if spec.verify_min_prob == "auto" else None
+        self.price = RowPrice()  # the one cost model: what a verified row, a drafter pass, a hypotheses pass cost
+        self.auto_cut = spec.verify_min_prob == "auto"
         self.ov = make_overlap(spec.overlap if use_hyps else "none", self.clock, target, drafter)
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
         self.seqs = Sequences(target, [[] for _ in range(rows)], self.out, self.stats, tcache, sampling.temperature,
                               sampling.seed)
         self.side = Drafting(drafter, dcache, self.seqs, self.stats, B, use_hyps, K, spec.fanout,
-                             spec.successor_threshold, spec.leaves, draft_sources(spec))
+                             spec.leaves, draft_sources(spec))
 
     @torch.inference_mode()
     def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
@@ -353,12 +355,13 @@ class SpeculativeDecoder(Decoder):
             return rows
         began = clock.now()
         # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
-        r = side.prepare(rows, clock, drafter=self.price.draft(len(rows)) if self.price and not side.use_hyps else True)
+        r = side.prepare(rows, clock, drafter=self.price.draft(len(rows)) if self.auto_cut and not side.use_hyps else True)
         # plan: how many drafts and which leaves are worth their rows
-        plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price, stats)
+        plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price if self.auto_cut else None, stats)
         # 2 verify || 3 draft ahead for the likeliest outcomes (async)
         hyps = {i: side.likeliest_outcomes(plan.drafts[i]) for i in rows}
-        job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps)
+        t = self.spec.successor_threshold
+        job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps, self.price.successor_threshold() if t == "auto" else t)
         drafts = [plan.drafts[i].tokens for i in rows]
         t_logits, d_logits, v_span, d_span = self.ov.run(seqs.verification(rows, drafts, self.spec.exact, plan.leaves),
                                                          job)
@@ -375,9 +378,11 @@ class SpeculativeDecoder(Decoder):
             gained += len(new)
             if self.on_round:
                 self.on_round(round_info(rnd, i, plan, r, o, new, hyps[i], mine, hit, v_span, d_span))
-        if self.price:
-            self.price.observe(sum(len(plan.drafts[i].tokens) + 1 for i in rows) + sum(map(len, plan.leaves)),
-                               v_span[1] - v_span[0], gained, clock.now() - began, drafted=bool(r.need))
+        self.price.observe_drafter("draft", r.seconds, len(r.need))
+        if job is not None:
+            self.price.observe_drafter("hypotheses", max(0.0, d_span[1] - max(d_span[0], v_span[1])), len(hyp_rows))
+        self.price.observe(sum(len(plan.drafts[i].tokens) + 1 for i in rows) + sum(map(len, plan.leaves)),
+                           v_span[1] - v_span[0], gained, clock.now() - began, drafted=bool(r.need))
         self.rnd += 1
         return rows
 
