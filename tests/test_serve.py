@@ -367,3 +367,24 @@ def test_the_page_in_a_real_browser(server):
             b.save_screenshot(os.environ["D3D_PAGE_SCREENSHOT"])
     finally:
         b.quit()
+
+
+def test_a_decoding_error_is_a_500_naming_it_and_the_server_goes_on(server, monkeypatch):
+    from d3d.decode.speculative import SpeculativeDecoder
+
+    srv = server[0]
+    admit = SpeculativeDecoder.admit
+
+    def failing(self, rows, prompts, max_new):
+        if 77 in max_new:
+            raise RuntimeError("boom")
+        return admit(self, rows, prompts, max_new)
+
+    monkeypatch.setattr(SpeculativeDecoder, "admit", failing)
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "x = 1", "max_tokens": 77}).encode())
+    res = conn.getresponse()
+    err = json.loads(res.read())["error"]
+    assert res.status == 500 and "RuntimeError: boom" in err["message"] and err["type"] == "server_error"
+    answer = client(srv).completions.create(model="target-16m", prompt="x = 1", max_tokens=5)
+    assert answer.choices[0].finish_reason in ("length", "stop") and answer.usage.completion_tokens >= 1

@@ -1,9 +1,9 @@
-"""The decoding thread of ``d3d serve``: concurrent requests decode together, joining and leaving
+"""The decoding loop of ``d3d serve``: concurrent requests decode together, joining and leaving
 between rounds.
 
 Requests are grouped by how they decode (mode, temperature, top_k, top_p). A group is one decoder
 (``d3d.decode.speculative.SpeculativeDecoder`` or ``d3d.decode.engines.ArDecoder``) with ``slots``
-cache rows of ``context`` tokens. The thread goes round the groups; for each it
+cache rows of ``context`` tokens. The loop goes round the groups; for each it
 
     1 admits waiting requests into its free rows (one prefill pass for all of them),
     2 runs one round (speculative) or step (ar) over every row in flight,
@@ -11,7 +11,9 @@ cache rows of ``context`` tokens. The thread goes round the groups; for each it
       extension what the round did), and frees the rows of requests that ended: length, stop token,
       stop string, or a client that went away.
 
-A group with nothing left is dropped (its caches freed). Greedy answers equal ``d3d.generate``'s on
+A group with nothing left keeps its caches for the next request (up to ``KEEP_IDLE`` such groups).
+A decoding error answers that group's requests with a 500 and drops the group; the others go on.
+Greedy answers equal ``d3d.generate``'s on
 the prompt alone (fp32; in low precision up to near-ties, as in any batching: the batch around a row
 changes its last bits). Sampled answers follow the target's distribution; ``seed`` does not repeat
 them (a row's random stream depends on the batch).
@@ -57,7 +59,8 @@ class Group:
 
 
 class Scheduler:
-    """The decoding thread: ``submit`` a checked request, read its ``Job.events``."""
+    """The decoding loop (``run``, or ``start`` for a thread of its own): ``submit`` a checked request, read
+    its ``Job.events``."""
 
     def __init__(self, target, tok, drafter, spec: SpecConfig, slots: int = 16, context: int = 2048):
         """``drafter``: a D3D drafter (requests may ask for ar, sync or async) or None (ar only);
@@ -198,7 +201,7 @@ class Scheduler:
         except Exception as e:  # a bug must not kill the server: these requests get a 500, the others go on
             for job in [j for j in group.rows if j] + list(group.waiting):
                 job.events.put(("error", f"{type(e).__name__}: {e}", 500))
-            group.rows, group.waiting = [None] * len(group.rows), deque()
+            self.groups.pop(key).decoder.close()  # its caches may be half written
             return
         for row, job in enumerate(group.rows):
             if job is not None and self.deliver(job, dec, row):
