@@ -135,7 +135,7 @@ def modes() -> list[str]:
     lines = [f"  default {default_mode(target.device)} (generate and demo without --mode)",
              f"  ar      {target.weights} weights, matmuls: {matmul_path(target)}"]
     for mode in ("sync", "async"):
-        s = SpecConfig(mode).resolve(target.device, target.dtype, target.quantized, target.int8_activations)
+        s = SpecConfig(mode).resolve(target.device, target.int8_activations)
         used = {"sync": ("lookup", "leaves", "verify_min_prob", "exact"),
                 "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup", "exact")}[mode]
         lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + " ".join(f"{k}={getattr(s, k)}" for k in used))

@@ -28,15 +28,15 @@ def test_bad_specs_are_named(text, message):
 
 def test_resolve_fills_only_unset_knobs_and_refuses_contradictions():
     cpu = torch.device("cpu")
-    table = defaults(cpu, "sync", torch.bfloat16)
+    table = defaults(cpu, "sync")
     assert set(table) == set(HELP) - {"block_size", "exact"}  # every knob but the drafter's B and exact has a default
-    spec = SpecConfig("sync", lookup=0).resolve(cpu, torch.bfloat16)
+    spec = SpecConfig("sync", lookup=0).resolve(cpu)
     assert spec.lookup == 0 and spec.leaves == table["leaves"] == 2 and spec.exact is False
-    assert SpecConfig("async").resolve(torch.device("cuda"), torch.bfloat16).overlap == "stream"
-    assert SpecConfig("sync").resolve(cpu, torch.float32, quantized=True, int8_activations=True).exact is True
+    assert SpecConfig("async").resolve(torch.device("cuda")).overlap == "stream"
+    assert SpecConfig("sync").resolve(cpu, int8_activations=True).exact is True
     with pytest.raises(ValueError, match="exact=True with leaves=2"):
-        SpecConfig("sync", exact=True, leaves=2).resolve(cpu, torch.bfloat16)
+        SpecConfig("sync", exact=True, leaves=2).resolve(cpu)
     with pytest.raises(ValueError, match="leaves=1 with a target with int8 activations"):
-        SpecConfig("sync", leaves=1).resolve(cpu, torch.float32, quantized=True, int8_activations=True)
+        SpecConfig("sync", leaves=1).resolve(cpu, int8_activations=True)
     with pytest.raises(ValueError, match="overlap='none'"):
-        SpecConfig("async", exact=True, overlap="packed").resolve(cpu, torch.bfloat16)
+        SpecConfig("async", exact=True, overlap="packed").resolve(cpu)

@@ -107,13 +107,13 @@ class SpecConfig:
                 raise ValueError(f"datastore with mode={self.mode!r}: datastore drafts are for the D3D modes, "
                                  "sync and async")
 
-    def resolve(self, device: torch.device, dtype: torch.dtype | None = None, quantized: bool = False,
-                int8_activations: bool = False) -> "SpecConfig":
-        """Every unset field filled with the device's default (``defaults``), then checked as a whole."""
+    def resolve(self, device: torch.device, int8_activations: bool = False) -> "SpecConfig":
+        """Every unset field filled with the device's default (``defaults``), then checked as a whole
+        (``int8_activations``: the target's weights multiply int8 activations, which turns ``exact`` on)."""
         self.check()
         exact_auto = self.exact is None and int8_activations
         exact = int8_activations if self.exact is None else self.exact
-        table = defaults(device, self.mode, dtype, quantized, exact)
+        table = defaults(device, self.mode, exact)
         spec = self.replace(exact=exact, **{k: v for k, v in table.items() if getattr(self, k) is None})
         if spec.exact and spec.leaves:
             why = (f"leaves={spec.leaves} with a target with int8 activations (its speculative modes verify with "
@@ -150,19 +150,15 @@ HELP = {
 }
 
 
-def defaults(device: torch.device, mode: str, dtype: torch.dtype | None = None, quantized: bool = False,
-             exact: bool = False) -> dict:
+def defaults(device: torch.device, mode: str, exact: bool = False) -> dict:
     """The measured default of every knob for a device and mode. Each was chosen on validation
     requests; the JSON that chose it is named beside it, the figures are in docs/results.md."""
-    from ..kernels import skinny
-
     cuda = device.type == "cuda"
-    # fp32 verification rows cost real time on oneDNN (docs/results/leaf-price/), about none on the
-    # panels (docs/results/panels/ab.txt), in bf16 (docs/results/leaves/) and quantized (docs/results/quant/)
-    rows_cheap = cuda or dtype != torch.float32 or quantized or skinny.wanted()
     return {
         "lookup": 0 if mode == "async" else 3,  # docs/results/lookup/validation_choice*.json; async: unmeasured
-        "leaves": 0 if mode == "async" or exact or not rows_cheap else 2,  # see rows_cheap; exact refuses leaves
+        # sync: docs/results/leaves/ (bf16), docs/results/quant/ (quantized), docs/results/panels/ab.txt and
+        # docs/results/leaves/validation_fp32_onednn_auto.json (fp32); the row price drops those not worth a row
+        "leaves": 0 if mode == "async" or exact else 2,  # exact refuses leaves
         "verify_min_prob": 0.0 if cuda else "auto",  # docs/results/copy-length/validation*_*.json; CUDA: unmeasured
         # async on a CPU: rare, very likely hypotheses (docs/results/async-hypotheses/validation_*.json);
         # on CUDA SSD's K = 8, F = 3 on a second stream, unmeasured until `python -m bench gpu`
