@@ -191,3 +191,13 @@ def test_sampling_with_leaves_follows_the_target_distribution(mode, monkeypatch)
     out = assert_samples_follow_target(target, [1, 2], monkeypatch, mode=mode, drafter=drafter, leaves=3,
                                        verify_min_prob=0.0)
     assert out.stats.leaf_hits > 500
+
+
+def test_branches_lay_a_causal_run_and_blocks_off_its_prefixes():
+    from d3d.model.cache import branches
+
+    g, r, p = branches(10, 3, [(1, 2), (3, 1)])
+    assert g == [0, 1, 2, 3, 3, 4]  # the run causal, each branch one group
+    assert r == [0, 1, 2, 1, 1, 3]  # a branch sees the cache and the first `seen` tokens of the run
+    assert p == [10, 11, 12, 11, 12, 13]  # ... and sits right after them
+    assert branches(0, 2, []) == ([0, 1], [0, 1], [0, 1])

@@ -46,6 +46,7 @@ from .generation import Clock, Decoder, GenerationStats, Output, StreamFn
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
 from .sources import Draft, draft_sources
+from ..model.cache import branches
 from ..model.transformer import Transformer
 from .overlap import Verification, make_overlap
 from .row_price import RowPrice
@@ -132,12 +133,9 @@ class Sequences:
         lens = [len(d) + 1 + len(row) for d, row in zip(drafts, leaves)]
         if not any(leaves):
             return Verification(self.target, ids, self.tcache.layout(lens, rows, row_invariant=exact), self.tcache)
-        c = [self.tcache.lengths[i] for i in rows]
-        layout = self.tcache.layout(lens, rows, groups=[range(m) for m in lens],
-                                    reach=[list(range(len(d) + 1)) + [h.accepted + 1 for h in row]
-                                           for d, row in zip(drafts, leaves)],
-                                    positions=[[ci + p for p in range(len(d) + 1)] + [ci + h.accepted + 1 for h in row]
-                                               for ci, d, row in zip(c, drafts, leaves)])
+        g, r, p = zip(*(branches(self.tcache.lengths[i], len(d) + 1, [(h.accepted + 1, 1) for h in row])
+                        for i, d, row in zip(rows, drafts, leaves)))
+        layout = self.tcache.layout(lens, rows, groups=list(g), reach=list(r), positions=list(p))
         return Verification(self.target, ids, layout, self.tcache)
 
     def judge(self, logits: torch.Tensor, drafts: list[list[int]], rnd: int,

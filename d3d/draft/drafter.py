@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..model.cache import KVCache
+from ..model.cache import KVCache, branches
 from ..model.checkpoint import SHARED_EMBEDDINGS, parse_dtype, read_state, save_model
 from ..model.config import ModelConfig
 from ..kernels.denoise import denoise_step
@@ -126,18 +126,14 @@ class Drafter:
         ids, index, groups, reach, positions, masked_lead = [], [], [], [], [], []
         branching = any(len(b) > 1 or b[0].seen != len(c) for c, b in zip(clean, blocks))
         for row, run, row_blocks in zip(rows, clean, blocks):
-            c, n = cache.lengths[row], len(run)
-            g, r, p = list(range(n)), list(range(n)), list(range(c, c + n))
             ids.extend(run)
-            for b, blk in enumerate(row_blocks):
-                if not 0 <= blk.seen <= n:
-                    raise ValueError(f"Block.seen={blk.seen}: must lie in [0, {n}] (the clean run's length)")
+            for blk in row_blocks:
+                if not 0 <= blk.seen <= len(run):
+                    raise ValueError(f"Block.seen={blk.seen}: must lie in [0, {len(run)}] (the clean run's length)")
                 index.extend(range(len(ids), len(ids) + size))
                 ids.extend([mask if blk.lead is None else blk.lead] + [mask] * (size - 1))
                 masked_lead.append(blk.lead is None)
-                g += [n + b] * size
-                r += [blk.seen] * size
-                p += range(c + blk.seen, c + blk.seen + size)
+            g, r, p = branches(cache.lengths[row], len(run), [(blk.seen, size) for blk in row_blocks])
             groups.append(g), reach.append(r), positions.append(p)
         lens = [len(g) for g in groups]
         layout = cache.layout(lens, rows, groups, reach=reach if branching else None,

@@ -84,6 +84,19 @@ class PassLayout:
         return (self.cu_seqlens[1:] - 1).long()
 
 
+def branches(cached: int, run: int, attached: list[tuple[int, int]]) -> tuple[list[int], list[int], list[int]]:
+    """``make_layout``'s groups, reach and positions for one row: a causal run of ``run`` tokens after
+    ``cached`` ones, then branches ``(seen, size)``: ``size`` tokens (one group, bidirectional) that
+    attend to the cache, the first ``seen`` tokens of the run and themselves, at the positions after
+    those ``seen`` (drafter blocks off a clean run, leaves off the verified drafts)."""
+    groups, reach, positions = list(range(run)), list(range(run)), list(range(cached, cached + run))
+    for b, (seen, size) in enumerate(attached):
+        groups += [run + b] * size
+        reach += [seen] * size
+        positions += range(cached + seen, cached + seen + size)
+    return groups, reach, positions
+
+
 def make_layout(
     rows: list[int],
     lens: list[int],
