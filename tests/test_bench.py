@@ -259,3 +259,16 @@ def test_speculative_store_modes(tiny_pair, tmp_path):
     assert all(r["identical_to_ar"] == 1 for r in res.values())
     with pytest.raises(SystemExit):
         bench_main(common + ["--modes", "ar", "sync,store=0"])
+
+
+def test_bench_serve_smoke(tmp_path):
+    """``python -m bench serve`` on the bundled pair: a server process, one client, two tiny requests per
+    mode, a short RSS run; every request completes and the JSON follows the schema."""
+    out = tmp_path / "serve.json"
+    assert bench_main(["serve", "--clients", "1,2", "--requests", "2", "--max-tokens", "4", "--rss", "100",
+                       "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    schema.validate(payload)
+    assert [(r["mode"], r["clients"]) for r in payload["results"]] == [("sync", 1), ("sync", 2), ("ar", 1), ("ar", 2)]
+    assert all(r["completed"] == 2 and not r["errors"] and r["tokens"] >= 2 for r in payload["results"])
+    assert payload["rss"]["requests"] == 100 and len(payload["rss"]["samples"]) == 1
