@@ -388,3 +388,27 @@ def test_a_decoding_error_is_a_500_naming_it_and_the_server_goes_on(server, monk
     assert res.status == 500 and "RuntimeError: boom" in err["message"] and err["type"] == "server_error"
     answer = client(srv).completions.create(model="target-16m", prompt="x = 1", max_tokens=5)
     assert answer.choices[0].finish_reason in ("length", "stop") and answer.usage.completion_tokens >= 1
+
+
+def test_requests_of_many_kinds_wait_for_room_and_all_complete(server):
+    """Seven temperatures at once: at most MAX_GROUPS decoders (each a cache of slots x context) exist,
+    the other requests wait for one to be idle, and every request completes."""
+    from d3d.serve.scheduler import MAX_GROUPS
+
+    srv = server[0]
+    answers, errors = [], []
+
+    def ask(t):
+        try:
+            answers.append(client(srv).completions.create(model="target-16m", prompt="import os\n", max_tokens=30,
+                                                          temperature=t, seed=1).usage.completion_tokens)
+        except Exception as e:  # noqa: BLE001 - any failure is the test's finding
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=ask, args=(0.3 + 0.1 * k,)) for k in range(7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and len(answers) == 7 and all(n >= 1 for n in answers)
+    assert srv.scheduler.most_groups <= MAX_GROUPS

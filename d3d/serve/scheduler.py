@@ -11,7 +11,9 @@ cache rows of ``context`` tokens. The loop goes round the groups; for each it
       extension what the round did), and frees the rows of requests that ended: length, stop token,
       stop string, or a client that went away.
 
-A group with nothing left keeps its caches for the next request (up to ``KEEP_IDLE`` such groups).
+A group with nothing left keeps its caches for the next request (up to ``KEEP_IDLE`` such groups); at
+most ``MAX_GROUPS`` exist at once (memory: each holds ``slots`` x ``context`` of cache), and a request
+of another kind waits until one of them is idle.
 A decoding error answers that group's requests with a 500 and drops the group; the others go on.
 Greedy answers equal ``d3d.generate``'s on
 the prompt alone (fp32; in low precision up to near-ties, as in any batching: the batch around a row
@@ -32,6 +34,7 @@ from .protocol import Request
 
 
 KEEP_IDLE = 2  # groups kept with their caches while no request decodes like them
+MAX_GROUPS = 4  # groups (each slots x context of cache) at once; a request of a fifth kind waits for room
 
 
 class Job:
@@ -84,7 +87,9 @@ class Scheduler:
         self.groups: dict[tuple, Group] = {}
         self.abandoned = 0  # generations ended early because their client went away
         self.peak = 0  # the most requests one round decoded together
+        self.held: list[Job] = []  # requests waiting for room for a group of their kind
         self.stop, self.closed, self.lock, self.thread = threading.Event(), False, threading.Lock(), None
+        self.most_groups = 0  # the most groups held at once
 
     def submit(self, req: Request) -> Job:
         mode = req.mode or self.spec.mode
@@ -115,7 +120,7 @@ class Scheduler:
         loaded the models where it matters: once two threads have run torch's OpenMP work, each op of
         the second costs ~2-3x as much on a 2-core CPU (libgomp's thread pools; 1-row bf16 linear 25 ->
         75 us), which is why ``d3d serve`` decodes on its main thread."""
-        while not (self.stop.is_set() and self.idle() and self.jobs.empty()):
+        while not (self.stop.is_set() and self.idle() and self.jobs.empty() and not self.held):
             arrived = []
             if self.idle():  # nothing in flight: wait for a request (and look at ``stop`` now and then)
                 try:
@@ -127,9 +132,11 @@ class Scheduler:
                     arrived.append(self.jobs.get_nowait())
                 except queue.Empty:
                     break
-            for job in arrived:
+            held, self.held = self.held + arrived, []
+            for job in held:
                 if not job.cancelled.is_set():
-                    self.group_of(job).waiting.append(job)
+                    group = self.group_of(job)
+                    (group.waiting if group else self.held).append(job)
             for key, group in list(self.groups.items()):
                 if not group.idle:
                     self.round(key, group)
@@ -143,16 +150,21 @@ class Scheduler:
     def idle(self) -> bool:
         return all(group.idle for group in self.groups.values())
 
-    def group_of(self, job: Job) -> Group:
-        """The group that decodes like ``job``; a new one frees the caches of idle ones beyond
-        ``KEEP_IDLE`` (an idle group keeps its caches: allocating them per request cost 7% of the time)."""
+    def group_of(self, job: Job) -> Group | None:
+        """The group that decodes like ``job``, or None while ``MAX_GROUPS`` others are busy. A new group
+        frees the caches of idle ones beyond ``KEEP_IDLE`` (an idle group keeps its caches: allocating
+        them per request cost 7% of the time), and of any idle one it needs the room of."""
         s = job.req.sampling
         key = (job.mode, s.temperature, s.top_k, s.top_p)
         if key not in self.groups:
             idle = [k for k, g in self.groups.items() if g.idle]
-            for k in idle[:max(0, len(idle) - KEEP_IDLE + 1)]:
+            drop = max(len(idle) - KEEP_IDLE + 1, len(self.groups) - MAX_GROUPS + 1, 0)
+            if drop > len(idle):
+                return None
+            for k in idle[:drop]:
                 self.groups.pop(k).decoder.close()
             self.groups[key] = Group(self.decoder(job.mode, s, key), self.slots)
+            self.most_groups = max(self.most_groups, len(self.groups))
         return self.groups[key]
 
     def decoder(self, mode: str, sampling: Sampling, key: tuple):
