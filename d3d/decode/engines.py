@@ -72,7 +72,7 @@ class ArDecoder(Decoder):
     @torch.inference_mode()
     def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
         """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token."""
-        for i, t in zip(rows, self.prefill(self.cache, rows, prompts, max_new)):
+        for i, t in zip(rows, self.prefill(self.cache, rows, prompts, max_new)[0]):
             self.out.commit(i, [t])
 
     @torch.inference_mode()
@@ -157,5 +157,5 @@ def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:
         raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}")
 
 
-__all__ = ["generate", "GenerationOutput",
-           "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig", "Sampling", "normalize_prompts", "check_limits", "resolved_spec"]
+__all__ = ["generate", "GenerationOutput", "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig",
+           "Sampling", "normalize_prompts", "check_limits", "resolved_spec"]

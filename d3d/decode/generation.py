@@ -173,15 +173,14 @@ class Decoder:
     def prefill(self, cache: KVCache, rows: list[int], prompts: list[list[int]], max_new: list[int],
                 hidden_layers: tuple[int, ...] = ()):
         """Rows ``rows`` start the sequences ``prompts`` (their cache rows emptied first): one prefill pass
-        for all; returns their first tokens (not committed yet), with ``hidden_layers`` also ``prefill``'s
-        hidden states."""
+        for all; returns their first tokens (not committed yet) and, with ``hidden_layers``, ``prefill``'s
+        hidden states (else None)."""
         for i, p, m in zip(rows, prompts, max_new):
             self.out.reset(i, m)
             cache.crop(i, 0)
             self.stats.num_prompt_tokens[i] = len(p)
-        first, hidden = prefill_counted(self.target, prompts, cache, self.sampling, self.gen, self.stats, self.clock,
-                                        hidden_layers, rows)
-        return (first, hidden) if hidden_layers else first
+        return prefill_counted(self.target, prompts, cache, self.sampling, self.gen, self.stats, self.clock,
+                               hidden_layers, rows)
 
     def drop(self, i: int) -> None:
         """End row i's sequence now (its client went away); the row is free."""

@@ -42,7 +42,12 @@ depend on timing, the tokens do not (every cut is lossless).
 from __future__ import annotations
 
 
-DRAFT_DECAY = 0.25  # the weight of a new round in the rates of drafting rounds and plain steps
+DRAFT_DECAY = 0.25  # the weight of a new round in the rates of drafting rounds, plain steps and drafter passes
+
+
+def ewma(old: float | None, x: float, decay: float = DRAFT_DECAY) -> float:
+    """An exponentially weighted mean after ``x`` (``x`` itself first)."""
+    return x if old is None else old + decay * (x - old)
 
 
 class RowPrice:
@@ -77,8 +82,7 @@ class RowPrice:
         self.tokens += d * (tokens - self.tokens)
         self.seconds += d * (round_seconds - self.seconds)
         kind = self.by_kind[drafted]
-        kind[:] = [tokens, round_seconds] if kind[0] is None else [
-            kind[0] + DRAFT_DECAY * (tokens - kind[0]), kind[1] + DRAFT_DECAY * (round_seconds - kind[1])]
+        kind[:] = [ewma(kind[0], tokens), ewma(kind[1], round_seconds)]
         self.rounds += 1
 
     def seconds_per_row(self) -> float | None:
@@ -116,8 +120,7 @@ class RowPrice:
         rows) or "hypotheses" (the part of an async hypotheses pass for ``rows`` rows that verification
         did not hide)."""
         if rows > 0:
-            old, x = self.per_row[kind], seconds / rows
-            self.per_row[kind] = x if old is None else old + DRAFT_DECAY * (x - old)
+            self.per_row[kind] = ewma(self.per_row[kind], seconds / rows)
 
     def successor_threshold(self, prior: float = 0.5) -> float:
         """async: the least chance of a hit worth a hypotheses pass: the seconds it adds to a round over

@@ -116,9 +116,9 @@ class Sequences:
         self.committed = [list(p) for p in prompts]
         self.temperature, self.seed = temperature, seed
 
-    def begin(self, first: list[int], rows: list[int] | None = None) -> None:
+    def begin(self, first: list[int], rows: list[int]) -> None:
         """Commit each sequence's first token (the prefill's); ``rows[j]`` is the row of ``first[j]``."""
-        for i, t in zip(range(len(first)) if rows is None else rows, first):
+        for i, t in zip(rows, first):
             self.committed[i].append(t)
             self.out.commit(i, [t])
 
@@ -153,7 +153,7 @@ class Sequences:
         for g, n in enumerate(sorted({len(d) for d in drafts})):
             js = [j for j, d in enumerate(drafts) if len(d) == n]
             at = torch.tensor([starts[j] + p for j in js for p in range(n + 1)], device=dev)
-            main = logits if len(js) == len(drafts) and len(at) == len(logits) else logits.index_select(0, at)
+            main = logits if len(at) == len(logits) else logits.index_select(0, at)  # all of it: one length, no leaves
             result = accept(torch.tensor([drafts[j] for j in js], dtype=torch.long, device=dev).view(len(js), n),
                             main.view(len(js), n + 1, -1), temperature=self.temperature, seed=key + g * _GROUP_SEED)
             for j, a, b in zip(js, result.accept_len.tolist(), result.bonus.tolist()):
@@ -343,7 +343,7 @@ class SpeculativeDecoder(Decoder):
             self.seqs.committed[i] = list(p)
             self.side.dcache.crop(i, 0)
             self.side.ready[i] = None
-        self.seqs.begin(self.prefill(self.seqs.tcache, rows, prompts, max_new), rows)
+        self.seqs.begin(self.prefill(self.seqs.tcache, rows, prompts, max_new)[0], rows)
 
     @torch.inference_mode()
     def step(self) -> list[int]:

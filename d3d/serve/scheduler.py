@@ -222,11 +222,12 @@ class Scheduler:
     def deliver(self, job: Job, dec, row: int) -> bool:
         """Send ``job`` what its row committed this round; True when it has ended (its row is free)."""
         if job.new:
-            ids, delta = job.text.ids + job.new, job.text.add(job.new)
+            delta = job.text.add(job.new)  # its ids now end with job.new
             if job.req.explain:  # each token's text and origin: "step" for the prefill's token and ar steps
                 info = job.info or {"origins": []}
                 origins = ["step"] * (len(job.new) - len(info["origins"])) + info.pop("origins")
-                info["tokens"] = [{"text": t, "origin": o} for t, o in zip(pieces(self.tok, ids, len(job.new)), origins)]
+                texts = pieces(self.tok, job.text.ids, len(job.new))
+                info["tokens"] = [{"text": t, "origin": o} for t, o in zip(texts, origins)]
                 job.events.put(("text", delta, info))
             elif delta:
                 job.events.put(("text", delta, None))
@@ -251,10 +252,9 @@ def round_info(tok, job: Job, r) -> dict:
     origins = [source] * (len(r.committed) - 1) + ["bonus" if r.draft else "step"]  # no draft: a plain step
     if r.leaf is not None:
         origins[-2] = "leaf"
-    n_acc = len(r.committed) - 1  # the committed tokens before the bonus (a hit leaf included)
     return {"round": r.round, "draft": [tok.decode([t]) for t in r.draft], "accepted": r.accepted, "bonus": r.bonus,
             "leaf": r.leaf, "source": source, "hypothesis_hit": r.hit, "origins": origins,
-            "rejected": tok.decode(r.draft[n_acc:], skip_special_tokens=True) if r.leaf is None else "",
+            "rejected": tok.decode(r.draft[r.accepted:], skip_special_tokens=True) if r.leaf is None else "",
             "tau": job.round_tokens / job.rounds}
 
 

@@ -43,13 +43,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.split("?")[0] in ("/", "/index.html"):
-            body = PAGE.read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
+            return self.send_body(200, "text/html; charset=utf-8", self.server.page)
         if self.path == "/health":
             return self.send_json(200, {"status": "ok"})
         if self.path == "/v1/models":
@@ -125,9 +119,11 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def send_json(self, status: int, obj: dict) -> None:
-        body = json.dumps(obj).encode()
+        self.send_body(status, "application/json", json.dumps(obj).encode())
+
+    def send_body(self, status: int, content_type: str, body: bytes) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -140,6 +136,7 @@ class D3DServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], scheduler: Scheduler, model_name: str, quiet: bool = False):
         super().__init__(address, Handler)
         self.scheduler, self.model_name, self.quiet = scheduler, model_name, quiet
+        self.page = PAGE.read_bytes()  # the page at /, read once
         self.in_flight, self.idle = 0, threading.Condition()
         self.connections: dict[threading.Thread, socket.socket] = {}  # open connections and their threads
 
