@@ -21,7 +21,7 @@ import torch
 from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec
-from .sampling import check_sampling_args, sample_next
+from .sampling import check_sampling_args
 from .dflash import DFlashDecoder
 from .speculative import RoundInfo, SpeculativeDecoder
 
@@ -70,9 +70,11 @@ class ArDecoder(Decoder):
         self.cache = model.new_cache(rows=rows, max_len=max_len)
 
     @torch.inference_mode()
-    def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
-        """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token."""
-        for i, t in zip(rows, self.prefill(self.cache, rows, prompts, max_new)[0]):
+    def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int],
+              sampling: list[Sampling] | None = None) -> None:
+        """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token.
+        ``sampling``: one ``Sampling`` per row, kept for its every step (None: the decoder's)."""
+        for i, t in zip(rows, self.prefill(self.cache, rows, prompts, max_new, sampling=sampling)[0]):
             self.out.commit(i, [t])
 
     @torch.inference_mode()
@@ -83,8 +85,7 @@ class ArDecoder(Decoder):
             last = [self.out.tokens[i][-1] for i in rows]
             logits = self.target(torch.tensor(last, device=self.target.device),
                                  self.cache.layout([1] * len(rows), rows=rows), self.cache)
-            s = self.sampling
-            for i, t in zip(rows, sample_next(logits, s.temperature, s.top_k, s.top_p, self.gen).tolist()):
+            for i, t in zip(rows, self.pick(rows, logits)):
                 self.out.commit(i, [t])
             self.stats.target_forwards += 1
         return rows

@@ -11,7 +11,7 @@ import torch
 
 from ..model.cache import KVCache
 from ..model.transformer import Transformer
-from .sampling import sample_next
+from .sampling import sample_rows
 
 StreamFn = Callable[[int, list[int]], None]  # (sequence index, newly committed token ids)
 
@@ -169,18 +169,28 @@ class Decoder:
         self.out = Output(stats.batch_size, 0, stop_ids, stream)
         self.out.done = [True] * stats.batch_size
         self.gen = sampling_generator(target.device, sampling)
+        # each row's sampling and random stream: the decoder's (one stream shared, as ``generate`` draws),
+        # or, for a row admitted with its own ``Sampling``, that one and a stream seeded by its seed
+        self.row_sampling, self.row_gen = [sampling] * stats.batch_size, [self.gen] * stats.batch_size
 
     def prefill(self, cache: KVCache, rows: list[int], prompts: list[list[int]], max_new: list[int],
-                hidden_layers: tuple[int, ...] = ()):
+                hidden_layers: tuple[int, ...] = (), sampling: list | None = None):
         """Rows ``rows`` start the sequences ``prompts`` (their cache rows emptied first): one prefill pass
         for all; returns their first tokens (not committed yet) and, with ``hidden_layers``, ``prefill``'s
-        hidden states (else None)."""
-        for i, p, m in zip(rows, prompts, max_new):
+        hidden states (else None). ``sampling``: one ``Sampling`` per row (None: the decoder's)."""
+        for j, (i, p, m) in enumerate(zip(rows, prompts, max_new)):
             self.out.reset(i, m)
             cache.crop(i, 0)
             self.stats.num_prompt_tokens[i] = len(p)
-        return prefill_counted(self.target, prompts, cache, self.sampling, self.gen, self.stats, self.clock,
-                               hidden_layers, rows)
+            own = sampling[j] if sampling is not None else None
+            self.row_sampling[i] = own or self.sampling
+            self.row_gen[i] = sampling_generator(self.target.device, own) if own else self.gen
+        return prefill_counted(self.target, prompts, cache, lambda logits: self.pick(rows, logits), self.stats,
+                               self.clock, hidden_layers, rows)
+
+    def pick(self, rows: list[int], logits: torch.Tensor) -> list[int]:
+        """The next token of each of ``rows`` from its logits (row j of ``logits``), as each row samples."""
+        return sample_rows(logits, [self.row_sampling[i] for i in rows], [self.row_gen[i] for i in rows]).tolist()
 
     def drop(self, i: int) -> None:
         """End row i's sequence now (its client went away); the row is free."""
@@ -203,19 +213,17 @@ class Decoder:
         return self.finish()
 
 
-def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, temperature: float,
-            gen: torch.Generator | None, hidden_layers: tuple[int, ...] = (), top_k: int | None = None,
-            top_p: float | None = None, rows: list[int] | None = None):
+def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, pick: Callable,
+            hidden_layers: tuple[int, ...] = (), rows: list[int] | None = None):
     """One target pass over every prompt (its K/V cached in cache row ``rows[i]``, default i); returns
-    the first generated token of each sequence, and with ``hidden_layers`` also those layers' hidden
-    states of every prompt token."""
+    the first generated token of each sequence (``pick(logits of each last prompt token)``), and with
+    ``hidden_layers`` also those layers' hidden states of every prompt token."""
     layout = cache.layout([len(p) for p in prompts], rows)
     ids = torch.tensor([t for p in prompts for t in p], device=target.device)
     if hidden_layers:
         logits, hidden = target(ids, layout, cache, hidden_layers=hidden_layers)
-        return sample_next(logits[layout.last_token_index()], temperature, generator=gen).tolist(), hidden
-    logits = target(ids, layout, cache, logits_index=layout.last_token_index())
-    return sample_next(logits, temperature, top_k, top_p, gen).tolist(), None
+        return pick(logits[layout.last_token_index()]), hidden
+    return pick(target(ids, layout, cache, logits_index=layout.last_token_index())), None
 
 
 def sampling_generator(device: torch.device, sampling) -> torch.Generator | None:
@@ -223,14 +231,12 @@ def sampling_generator(device: torch.device, sampling) -> torch.Generator | None
     return torch.Generator(device=device).manual_seed(sampling.seed) if sampling.temperature > 0 else None
 
 
-def prefill_counted(target: Transformer, prompts: list[list[int]], cache: KVCache, sampling,
-                    gen: torch.Generator | None, stats: GenerationStats, clock: Clock,
-                    hidden_layers: tuple[int, ...] = (), rows: list[int] | None = None):
-    """The prologue every engine shares: ``prefill`` with ``sampling`` (a ``d3d.decode.config.Sampling``)
-    and ``gen`` (``sampling_generator``), counted as a target forward, its time added to the stats'
-    ``prefill_seconds``. Returns ``prefill``'s pair."""
-    first, (t0, t1) = clock.timed(lambda: prefill(target, prompts, cache, sampling.temperature, gen, hidden_layers,
-                                                  sampling.top_k, sampling.top_p, rows))
+def prefill_counted(target: Transformer, prompts: list[list[int]], cache: KVCache, pick: Callable,
+                    stats: GenerationStats, clock: Clock, hidden_layers: tuple[int, ...] = (),
+                    rows: list[int] | None = None):
+    """The prologue every engine shares: ``prefill`` with ``pick`` (logits -> first tokens), counted as a
+    target forward, its time added to the stats' ``prefill_seconds``. Returns ``prefill``'s pair."""
+    first, (t0, t1) = clock.timed(lambda: prefill(target, prompts, cache, pick, hidden_layers, rows))
     stats.target_forwards += 1
     stats.prefill_seconds += t1 - t0
     return first

@@ -26,6 +26,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         probs = sorted_logits.softmax(-1)
         # Drop a token when the mass *before* it already reaches top_p (the first token always stays).
         drop = probs.cumsum(-1) - probs >= top_p
+        drop[..., 0] = False  # even where top_p underflows the float32 sums (1e-300 is 0 there)
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
@@ -42,3 +43,20 @@ def sample_next(
         return logits.argmax(dim=-1)
     probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def sample_rows(logits: torch.Tensor, settings: list, generators: list) -> torch.Tensor:
+    """logits [N, V] -> token ids [N], row j sampled as ``settings[j]`` says (a ``Sampling``: temperature,
+    top_k, top_p) with ``generators[j]``. Rows sharing a setting and a generator are sampled in one
+    ``sample_next`` call, so a batch of one setting draws exactly as ``sample_next`` does."""
+    groups: dict[tuple, list[int]] = {}
+    for j, (s, g) in enumerate(zip(settings, generators)):
+        groups.setdefault((s.temperature, s.top_k, s.top_p, id(g)), []).append(j)
+    if len(groups) == 1:
+        s = settings[0]
+        return sample_next(logits, s.temperature, s.top_k, s.top_p, generators[0])
+    out = torch.empty(len(settings), dtype=torch.long, device=logits.device)
+    for (t, k, p, _), js in groups.items():
+        at = torch.tensor(js, device=logits.device)
+        out[at] = sample_next(logits.index_select(0, at), t, k, p, generators[js[0]])
+    return out

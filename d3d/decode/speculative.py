@@ -114,7 +114,11 @@ class Sequences:
                  temperature: float, seed: int):
         self.target, self.out, self.stats, self.tcache = target, out, stats, tcache
         self.committed = [list(p) for p in prompts]
-        self.temperature, self.seed = temperature, seed
+        self.temperature, self.seed = [temperature] * len(prompts), [seed] * len(prompts)  # per row
+
+    def sample_as(self, i: int, temperature: float, seed: int) -> None:
+        """Row i's verification samples at ``temperature`` with acceptance streams keyed by ``seed``."""
+        self.temperature[i], self.seed[i] = temperature, seed
 
     def begin(self, first: list[int], rows: list[int]) -> None:
         """Commit each sequence's first token (the prefill's); ``rows[j]`` is the row of ``first[j]``."""
@@ -139,33 +143,36 @@ class Sequences:
         return Verification(self.target, ids, layout, self.tcache)
 
     def judge(self, logits: torch.Tensor, drafts: list[list[int]], rnd: int,
-              leaves: list[list[Hypothesis]] | None = None) -> list[Outcome]:
+              leaves: list[list[Hypothesis]] | None = None, rows: list[int] | None = None) -> list[Outcome]:
         """Accept each row's drafts against the target's logits of a ``verification`` pass (one ``accept``
-        launch per draft length in the batch); a row whose bonus is one of its leaves accepts the leaf
+        launch per draft length, temperature and seed in the batch: ``rows[j]`` is the row of ``drafts[j]``,
+        default j); a row whose bonus is one of its leaves accepts the leaf
         and takes the bonus after it from the leaf's logits (at T > 0 a fresh sample: the leaf is the
         target's own sample at its position, so the output keeps the target's distribution)."""
-        key, dev = self.seed * 1_000_003 + rnd, logits.device
+        dev, rows = logits.device, list(range(len(drafts))) if rows is None else rows
         leaves = leaves or [[] for _ in drafts]
         starts = [0]
         for d, row in zip(drafts, leaves):
             starts.append(starts[-1] + len(d) + 1 + len(row))
         accepted, bonus = [0] * len(drafts), [0] * len(drafts)
-        for g, n in enumerate(sorted({len(d) for d in drafts})):
-            js = [j for j, d in enumerate(drafts) if len(d) == n]
+        kinds = [(len(d), self.temperature[i], self.seed[i]) for d, i in zip(drafts, rows)]
+        for g, (n, t, seed) in enumerate(sorted(set(kinds))):
+            js = [j for j, k in enumerate(kinds) if k == (n, t, seed)]
             at = torch.tensor([starts[j] + p for j in js for p in range(n + 1)], device=dev)
-            main = logits if len(at) == len(logits) else logits.index_select(0, at)  # all of it: one length, no leaves
+            main = logits if len(at) == len(logits) else logits.index_select(0, at)  # all of it: one kind, no leaves
             result = accept(torch.tensor([drafts[j] for j in js], dtype=torch.long, device=dev).view(len(js), n),
-                            main.view(len(js), n + 1, -1), temperature=self.temperature, seed=key + g * _GROUP_SEED)
+                            main.view(len(js), n + 1, -1), temperature=t, seed=seed * 1_000_003 + rnd + g * _GROUP_SEED)
             for j, a, b in zip(js, result.accept_len.tolist(), result.bonus.tolist()):
                 accepted[j], bonus[j] = a, b
         out = [Outcome(d[:a], b) for d, a, b in zip(drafts, accepted, bonus)]
         hits = [(j, m) for j in range(len(drafts)) for m, h in enumerate(leaves[j])
                 if (h.accepted, h.bonus) == (accepted[j], bonus[j])]  # bonuses differ: at most one per row
-        if hits:
-            at = torch.tensor([starts[j] + len(drafts[j]) + 1 + m for j, m in hits], device=dev)
-            after = accept(torch.zeros((len(hits), 0), dtype=torch.long, device=dev), logits.index_select(0, at)[:, None],
-                           temperature=self.temperature, seed=key + _LEAF_SEED).bonus.tolist()
-            for (j, m), b in zip(hits, after):
+        for t, seed in sorted({kinds[j][1:] for j, _ in hits}):
+            mine = [(j, m) for j, m in hits if kinds[j][1:] == (t, seed)]
+            at = torch.tensor([starts[j] + len(drafts[j]) + 1 + m for j, m in mine], device=dev)
+            after = accept(torch.zeros((len(mine), 0), dtype=torch.long, device=dev), logits.index_select(0, at)[:, None],
+                           temperature=t, seed=seed * 1_000_003 + rnd + _LEAF_SEED).bonus.tolist()
+            for (j, m), b in zip(mine, after):
                 out[j] = Outcome(out[j].accepted + [out[j].bonus], b, m)
         return out
 
@@ -337,13 +344,20 @@ class SpeculativeDecoder(Decoder):
                              spec.leaves, draft_sources(spec))
 
     @torch.inference_mode()
-    def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int]) -> None:
-        """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token."""
-        for i, p in zip(rows, prompts):
+    def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int],
+              sampling: list[Sampling] | None = None) -> None:
+        """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token.
+        ``sampling``: one ``Sampling`` per row (temperature and seed; no top_k/top_p at T > 0), None: the
+        decoder's."""
+        for j, (i, p) in enumerate(zip(rows, prompts)):
+            s = sampling[j] if sampling is not None else self.sampling
+            if s.temperature > 0 and (s.top_k is not None or s.top_p is not None):
+                raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
             self.seqs.committed[i] = list(p)
+            self.seqs.sample_as(i, s.temperature, s.seed)
             self.side.dcache.crop(i, 0)
             self.side.ready[i] = None
-        self.seqs.begin(self.prefill(self.seqs.tcache, rows, prompts, max_new)[0], rows)
+        self.seqs.begin(self.prefill(self.seqs.tcache, rows, prompts, max_new, sampling=sampling)[0], rows)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -364,7 +378,7 @@ class SpeculativeDecoder(Decoder):
         t_logits, d_logits, v_span, d_span = self.ov.run(seqs.verification(rows, drafts, self.spec.exact, plan.leaves),
                                                          job)
         # 4 accept
-        outcomes = seqs.judge(t_logits, drafts, rnd, plan.leaves)
+        outcomes = seqs.judge(t_logits, drafts, rnd, plan.leaves, rows)
         successors = side.finish(job, d_logits)
         stats.count_verification(v_span, d_span if job is not None else None, len(hyp_rows), len(successors))
         # 5 commit, and keep the successor that matches the outcome
