@@ -421,7 +421,12 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
     s.add_argument("--drafter", help="drafter directory (default: the bundled drafter that fits the model)")
     add_spec_arguments(s)
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only). Requests must name it or localhost "
+                        "in their Host header (any name where it is 0.0.0.0 or ::): DNS rebinding cannot reach it")
+    s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (https://app.example) whose pages may call the server (repeatable; * for "
+                        "any). Without it a request whose Origin header is another site's gets 403")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     s.add_argument("--slots", type=int, default=16,
                    help="requests decoded together per decoding setting; more wait their turn (default 16)")
@@ -454,7 +459,8 @@ def cmd_serve(args) -> int:
     spec = SpecConfig(mode, **knobs)
     try:
         server = serve(target, d3d.load_tokenizer(model_dir), drafter, spec, model_name(model_dir), args.host,
-                       args.port, args.quiet, args.slots, args.context, decode_thread=False)
+                       args.port, args.quiet, args.slots, args.context, decode_thread=False,
+                       allow_origins=tuple(args.allow_origin))
     except OSError as e:
         raise ValueError(f"--host {args.host} --port {args.port}: cannot listen there ({e.strerror})") from None
     return run_forever(server)

@@ -1,30 +1,33 @@
 """The decoding loop of ``d3d serve``: concurrent requests decode together, joining and leaving
 between rounds.
 
-Requests are grouped by how they decode (mode, temperature, top_k, top_p). A group is one decoder
+Requests are grouped by mode alone (ar, sync, async): a group is one decoder
 (``d3d.decode.speculative.SpeculativeDecoder`` or ``d3d.decode.engines.ArDecoder``) with ``slots``
-cache rows of ``context`` tokens. The loop goes round the groups; for each it
+cache rows of ``context`` tokens, and each row samples as its request asks (temperature, top_p, seed:
+``Sampling`` per row, exact per row), so a greedy request never waits behind sampled ones. The loop
+goes round the groups; for each it
 
-    1 admits waiting requests into its free rows (one prefill pass for all of them),
+    1 drops the rows whose client went away (streamed or not), then admits waiting requests into its
+      free rows (one prefill pass for all of them),
     2 runs one round (speculative) or step (ar) over every row in flight,
     3 hands each request the tokens that round committed (a text delta, and with the ``d3d``
       extension what the round did), and frees the rows of requests that ended: length, stop token,
       stop string, or a client that went away.
 
-A group with nothing left keeps its caches for the next request (up to ``KEEP_IDLE`` such groups); at
-most ``MAX_GROUPS`` exist at once (memory: each holds ``slots`` x ``context`` of cache), and a request
-of another kind waits until one of them is idle.
-A decoding error answers that group's requests with a 500 and drops the group; the others go on.
-Greedy answers equal ``d3d.generate``'s on
-the prompt alone (fp32; in low precision up to near-ties, as in any batching: the batch around a row
-changes its last bits). Sampled answers follow the target's distribution; ``seed`` does not repeat
-them (a row's random stream depends on the batch).
+A group with nothing to do keeps its caches for ``IDLE_SECONDS`` (allocating them per request cost 7%
+of the time), then they are released. A decoding error answers that group's requests with a 500 and
+drops the group; the others go on. Greedy answers equal ``d3d.generate``'s on the prompt alone (fp32;
+in low precision up to near-ties, as in any batching: the batch around a row changes its last bits).
+Sampled answers follow the target's distribution at each row's temperature; ``seed`` seeds the row's
+own stream, which repeats an ar answer and not a speculative one (its acceptance streams are keyed by
+the group's round).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 
 from ..decode.config import Sampling, SpecConfig
@@ -33,16 +36,17 @@ from ..decode.speculative import SpeculativeDecoder
 from .protocol import Request
 
 
-KEEP_IDLE = 2  # groups kept with their caches while no request decodes like them
-MAX_GROUPS = 4  # groups (each slots x context of cache) at once; a request of a fifth kind waits for room
+IDLE_SECONDS = 30.0  # a group idle this long releases its caches (slots x context each)
 
 
 class Job:
     """One request: its events (("text", delta, info) ..., then ("done", finish, n) or ("error", message, status)),
     whether its client has gone, and what the decoding thread keeps for it."""
 
-    def __init__(self, req: Request, mode: str, tok):
-        self.req, self.mode, self.events, self.cancelled = req, mode, queue.Queue(), threading.Event()
+    def __init__(self, req: Request, mode: str, tok, events=None):
+        """``events``: where the events go (anything with ``put``; default a ``queue.Queue``)."""
+        self.req, self.mode, self.cancelled = req, mode, threading.Event()
+        self.events = queue.Queue() if events is None else events
         self.text = TextStream(tok, req.stop)
         self.new: list[int] = []  # tokens committed by the current round
         self.last = 0  # how many of them the last commit added
@@ -55,6 +59,7 @@ class Group:
 
     def __init__(self, decoder, slots: int):
         self.decoder, self.rows, self.waiting = decoder, [None] * slots, deque()
+        self.busy_at = time.monotonic()  # when it last had something to do
 
     @property
     def idle(self) -> bool:
@@ -84,18 +89,17 @@ class Scheduler:
             target, tok, drafter, spec, slots, min(context, limit))
         self.stop_ids = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
         self.jobs: queue.Queue[Job] = queue.Queue()
-        self.groups: dict[tuple, Group] = {}
-        self.abandoned = 0  # generations ended early because their client went away
+        self.groups: dict[str, Group] = {}  # by mode
+        self.abandoned = 0  # requests ended early, or never begun, because their client went away
         self.peak = 0  # the most requests one round decoded together
-        self.held: list[Job] = []  # requests waiting for room for a group of their kind
         self.stop, self.closed, self.lock, self.thread = threading.Event(), False, threading.Lock(), None
-        self.most_groups = 0  # the most groups held at once
 
-    def submit(self, req: Request) -> Job:
+    def submit(self, req: Request, events=None) -> Job:
+        """Queue ``req`` for decoding; its events go to ``events`` (``Job``)."""
         mode = req.mode or self.spec.mode
         if req.sampling.top_p is not None and req.sampling.temperature > 0:
             mode = "ar"  # speculative sampling is lossless at T, not at a truncation
-        job = Job(req, mode, self.tok)
+        job = Job(req, mode, self.tok, events)
         with self.lock:
             if self.closed:
                 job.events.put(("error", "the server is shutting down", 503))
@@ -120,9 +124,10 @@ class Scheduler:
         loaded the models where it matters: once two threads have run torch's OpenMP work, each op of
         the second costs ~2-3x as much on a 2-core CPU (libgomp's thread pools; 1-row bf16 linear 25 ->
         75 us), which is why ``d3d serve`` decodes on its main thread."""
-        while not (self.stop.is_set() and self.idle() and self.jobs.empty() and not self.held):
+        while not (self.stop.is_set() and self.idle() and self.jobs.empty()):
             arrived = []
             if self.idle():  # nothing in flight: wait for a request (and look at ``stop`` now and then)
+                self.release_idle()
                 try:
                     arrived.append(self.jobs.get(timeout=0.2))
                 except queue.Empty:
@@ -132,14 +137,15 @@ class Scheduler:
                     arrived.append(self.jobs.get_nowait())
                 except queue.Empty:
                     break
-            held, self.held = self.held + arrived, []
-            for job in held:
-                if not job.cancelled.is_set():
-                    group = self.group_of(job)
-                    (group.waiting if group else self.held).append(job)
-            for key, group in list(self.groups.items()):
+            for job in arrived:
+                if job.cancelled.is_set():
+                    self.abandoned += 1
+                else:
+                    self.group_of(job.mode).waiting.append(job)
+            for mode, group in list(self.groups.items()):
                 if not group.idle:
-                    self.round(key, group)
+                    self.round(mode, group)
+            self.release_idle()
         for group in self.groups.values():
             group.decoder.close()
         with self.lock:
@@ -150,48 +156,41 @@ class Scheduler:
     def idle(self) -> bool:
         return all(group.idle for group in self.groups.values())
 
-    def group_of(self, job: Job) -> Group | None:
-        """The group that decodes like ``job``, or None while ``MAX_GROUPS`` others are busy. A new group
-        frees the caches of idle ones beyond ``KEEP_IDLE`` (an idle group keeps its caches: allocating
-        them per request cost 7% of the time), and of any idle one it needs the room of."""
-        s = job.req.sampling
-        key = (job.mode, s.temperature, s.top_k, s.top_p)
-        if key not in self.groups:
-            idle = [k for k, g in self.groups.items() if g.idle]
-            drop = max(len(idle) - KEEP_IDLE + 1, len(self.groups) - MAX_GROUPS + 1, 0)
-            if drop > len(idle):
-                return None
-            for k in idle[:drop]:
-                self.groups.pop(k).decoder.close()
-            self.groups[key] = Group(self.decoder(job.mode, s, key), self.slots)
-            self.most_groups = max(self.most_groups, len(self.groups))
-        return self.groups[key]
+    def release_idle(self, seconds: float = IDLE_SECONDS) -> None:
+        """Close the groups that have had nothing to do for ``seconds``: their caches are freed."""
+        now = time.monotonic()
+        for mode in [m for m, g in self.groups.items() if g.idle and now - g.busy_at > seconds]:
+            self.groups.pop(mode).decoder.close()
 
-    def decoder(self, mode: str, sampling: Sampling, key: tuple):
-        sampling = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed=0)
+    def group_of(self, mode: str) -> Group:
+        """The group decoding ``mode``, made on first use."""
+        if mode not in self.groups:
+            self.groups[mode] = Group(self.decoder(mode), self.slots)
+        return self.groups[mode]
 
+    def decoder(self, mode: str):
         def committed(row: int, new: list[int]) -> None:
-            job = self.groups[key].rows[row]
+            job = self.groups[mode].rows[row]
             job.new.extend(new)
             job.last = len(new)
 
         if mode == "ar":
-            return ArDecoder(self.target, sampling, set(self.stop_ids), self.slots, self.context, committed)
+            return ArDecoder(self.target, Sampling(), set(self.stop_ids), self.slots, self.context, committed)
 
         def on_round(r) -> None:
-            job = self.groups[key].rows[r.seq]
+            job = self.groups[mode].rows[r.seq]
             job.rounds, job.round_tokens = job.rounds + 1, job.round_tokens + len(r.committed)
             if job.req.explain:
                 job.info = round_info(self.tok, job, r)
                 job.info["origins"] = job.info["origins"][:job.last]  # the output ends inside the round
 
         spec = resolved_spec(self.target, self.drafter, self.spec.replace(mode=mode))
-        return SpeculativeDecoder(self.target, self.drafter, spec, sampling, set(self.stop_ids), self.slots,
+        return SpeculativeDecoder(self.target, self.drafter, spec, Sampling(), set(self.stop_ids), self.slots,
                                   self.context, committed, on_round)
 
-    def round(self, key: tuple, group: Group) -> None:
+    def round(self, mode: str, group: Group) -> None:
         """Steps 1-3 of the module docstring for one group."""
-        dec = group.decoder
+        dec, group.busy_at = group.decoder, time.monotonic()
         for row, job in enumerate(group.rows):
             if job is not None and job.cancelled.is_set():
                 dec.drop(row)
@@ -201,19 +200,22 @@ class Scheduler:
         admitted = []
         while free and group.waiting:
             job = group.waiting.popleft()
-            if not job.cancelled.is_set():
+            if job.cancelled.is_set():
+                self.abandoned += 1
+            else:
                 group.rows[row := free.pop(0)] = job
                 admitted.append(row)
         self.peak = max(self.peak, sum(job is not None for job in group.rows))
         try:
             if admitted:
-                dec.admit(admitted, [group.rows[r].req.prompt_ids for r in admitted],
-                          [group.rows[r].req.max_tokens for r in admitted])
+                jobs = [group.rows[r] for r in admitted]
+                dec.admit(admitted, [j.req.prompt_ids for j in jobs], [j.req.max_tokens for j in jobs],
+                          [j.req.sampling for j in jobs])
             dec.step()
         except Exception as e:  # a bug must not kill the server: these requests get a 500, the others go on
             for job in [j for j in group.rows if j] + list(group.waiting):
                 job.events.put(("error", f"{type(e).__name__}: {e}", 500))
-            self.groups.pop(key).decoder.close()  # its caches may be half written
+            self.groups.pop(mode).decoder.close()  # its caches may be half written
             return
         for row, job in enumerate(group.rows):
             if job is not None and self.deliver(job, dec, row):
@@ -259,10 +261,12 @@ def round_info(tok, job: Job, r) -> dict:
 
 
 def pieces(tok, ids: list[int], n: int) -> list[str]:
-    """The text each of the last ``n`` of ``ids`` adds (a character split over tokens shows at its end)."""
-    out, before = [], tok.decode(ids[:len(ids) - n], skip_special_tokens=True)
+    """The text each of the last ``n`` of ``ids`` adds (a character split over tokens shows at its end);
+    decoded from a few tokens before them only (byte-level BPE: a character is at most 4 tokens)."""
+    w = max(0, len(ids) - n - 4)
+    out, before = [], tok.decode(ids[w:len(ids) - n], skip_special_tokens=True)
     for k in range(len(ids) - n + 1, len(ids) + 1):
-        text = tok.decode(ids[:k], skip_special_tokens=True)
+        text = tok.decode(ids[w:k], skip_special_tokens=True)
         if text.endswith("\ufffd"):
             out.append("")
             continue
@@ -272,34 +276,59 @@ def pieces(tok, ids: list[int], n: int) -> list[str]:
 
 
 class TextStream:
-    """Token ids -> text deltas: holds back an incomplete UTF-8 character and anything that may be the
-    start of a stop string; ``stopped`` once a stop string appears (the text ends before it)."""
+    """Token ids -> text deltas, in time proportional to the new tokens (plus the held-back text):
+    decodes the ids from the last clean character boundary on only, holds back an incomplete UTF-8
+    character and any end of the text that may begin a stop string; ``stopped`` once a stop string
+    appears (the text ends before it). ``stop``: a few short strings (``protocol`` bounds them)."""
 
     def __init__(self, tok, stop: list[str]):
-        self.tok, self.stop, self.ids, self.sent, self.stopped, self.count = tok, stop, [], 0, False, 0
+        self.tok, self.stop, self.ids, self.stopped, self.count = tok, stop, [], False, 0
+        self.start = self.read = 0  # ids[:read] are in the text so far; decoding starts at ids[start]
+        self.pending = ""  # decoded, not sent yet (it may begin a stop string)
 
     def add(self, new: list[int]) -> str:
         self.ids.extend(new)
         self.count += len(new)
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        if self.stopped:
             return ""
-        hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]  # held back: none starts earlier
+        fresh = self._fresh()
+        if fresh is None:
+            return ""
+        self.pending += fresh
+        self.start, self.read = self.read, len(self.ids)
+        hits = [i for s in self.stop if (i := self.pending.find(s)) >= 0]
         if hits:
             self.stopped = True
-            return self._emit(text[:min(hits)])
-        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        return self._emit(text[:len(text) - hold])
+            return self._emit(min(hits))
+        return self._emit(len(self.pending) - self._held())
 
     def flush(self) -> str:
         if self.stopped:
             return ""
-        return self._emit(self.tok.decode(self.ids, skip_special_tokens=True))
+        self.pending += self._fresh(final=True)
+        return self._emit(len(self.pending))
 
-    def _emit(self, upto: str) -> str:
-        delta = upto[self.sent:]
-        self.sent = max(self.sent, len(upto))
-        return delta
+    def _fresh(self, final: bool = False) -> str | None:
+        """The text of ids[read:] (None while it ends inside a character, unless ``final``)."""
+        done = self.tok.decode(self.ids[self.start:self.read], skip_special_tokens=True)
+        text = self.tok.decode(self.ids[self.start:], skip_special_tokens=True)
+        return None if text.endswith("\ufffd") and not final else text[len(done):]
+
+    def _held(self) -> int:
+        """The length of the longest end of ``pending`` that begins a stop string."""
+        n, hold = len(self.pending), 0
+        for s in self.stop:
+            p = self.pending.find(s[0], max(0, n - len(s) + 1))
+            while 0 <= p and n - p > hold:
+                if s.startswith(self.pending[p:]):
+                    hold = n - p
+                    break
+                p = self.pending.find(s[0], p + 1)
+        return hold
+
+    def _emit(self, upto: int) -> str:
+        out, self.pending = self.pending[:upto], "" if self.stopped else self.pending[upto:]
+        return out
 
 
-__all__ = ["Scheduler", "Job", "Group", "TextStream", "round_info", "pieces"]
+__all__ = ["Scheduler", "Job", "Group", "TextStream", "round_info", "pieces", "IDLE_SECONDS"]
