@@ -117,7 +117,8 @@ class Sequences:
         self.temperature, self.seed = [temperature] * len(prompts), [seed] * len(prompts)  # per row
 
     def sample_as(self, i: int, temperature: float, seed: int) -> None:
-        """Row i's verification samples at ``temperature`` with acceptance streams keyed by ``seed``."""
+        """Row i's verification samples at ``temperature``; ``seed`` keys the acceptance streams of the
+        launches it comes first in (``judge``)."""
         self.temperature[i], self.seed[i] = temperature, seed
 
     def begin(self, first: list[int], rows: list[int]) -> None:
@@ -145,8 +146,8 @@ class Sequences:
     def judge(self, logits: torch.Tensor, drafts: list[list[int]], rnd: int,
               leaves: list[list[Hypothesis]] | None = None, rows: list[int] | None = None) -> list[Outcome]:
         """Accept each row's drafts against the target's logits of a ``verification`` pass (one ``accept``
-        launch per draft length, temperature and seed in the batch: ``rows[j]`` is the row of ``drafts[j]``,
-        default j); a row whose bonus is one of its leaves accepts the leaf
+        launch per draft length and temperature in the batch, its streams keyed by the seed of its first row:
+        ``rows[j]`` is the row of ``drafts[j]``, default j); a row whose bonus is one of its leaves accepts the leaf
         and takes the bonus after it from the leaf's logits (at T > 0 a fresh sample: the leaf is the
         target's own sample at its position, so the output keeps the target's distribution)."""
         dev, rows = logits.device, list(range(len(drafts))) if rows is None else rows
@@ -155,9 +156,10 @@ class Sequences:
         for d, row in zip(drafts, leaves):
             starts.append(starts[-1] + len(d) + 1 + len(row))
         accepted, bonus = [0] * len(drafts), [0] * len(drafts)
-        kinds = [(len(d), self.temperature[i], self.seed[i]) for d, i in zip(drafts, rows)]
-        for g, (n, t, seed) in enumerate(sorted(set(kinds))):
-            js = [j for j, k in enumerate(kinds) if k == (n, t, seed)]
+        kinds = [(len(d), self.temperature[i]) for d, i in zip(drafts, rows)]
+        for g, (n, t) in enumerate(sorted(set(kinds))):
+            js = [j for j, k in enumerate(kinds) if k == (n, t)]
+            seed = self.seed[rows[js[0]]]  # each row of a launch draws its own stream (its place j in it)
             at = torch.tensor([starts[j] + p for j in js for p in range(n + 1)], device=dev)
             main = logits if len(at) == len(logits) else logits.index_select(0, at)  # all of it: one kind, no leaves
             result = accept(torch.tensor([drafts[j] for j in js], dtype=torch.long, device=dev).view(len(js), n),
@@ -167,8 +169,9 @@ class Sequences:
         out = [Outcome(d[:a], b) for d, a, b in zip(drafts, accepted, bonus)]
         hits = [(j, m) for j in range(len(drafts)) for m, h in enumerate(leaves[j])
                 if (h.accepted, h.bonus) == (accepted[j], bonus[j])]  # bonuses differ: at most one per row
-        for t, seed in sorted({kinds[j][1:] for j, _ in hits}):
-            mine = [(j, m) for j, m in hits if kinds[j][1:] == (t, seed)]
+        for t in sorted({kinds[j][1] for j, _ in hits}):
+            mine = [(j, m) for j, m in hits if kinds[j][1] == t]
+            seed = self.seed[rows[mine[0][0]]]
             at = torch.tensor([starts[j] + len(drafts[j]) + 1 + m for j, m in mine], device=dev)
             after = accept(torch.zeros((len(mine), 0), dtype=torch.long, device=dev), logits.index_select(0, at)[:, None],
                            temperature=t, seed=seed * 1_000_003 + rnd + _LEAF_SEED).bonus.tolist()

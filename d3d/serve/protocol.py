@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ def parse(body: bytes, chat: bool, model_name: str, prompts, max_positions: int,
     max_tokens = _number(raw, limit, 1, max_positions - 1, 256, integer=True)
     temperature = _number(raw, "temperature", 0, 2, 0.0)
     top_p = _number(raw, "top_p", 0, 1, 1.0, open_low=True)
-    seed = _number(raw, "seed", *SEED_RANGE, 0, integer=True)
+    seed = _number(raw, "seed", *SEED_RANGE, None, integer=True)
+    seed = secrets.randbits(63) if seed is None else seed  # no seed: a sample of its own, as OpenAI's
     stop = _stops(raw)
     mode = _text(raw, "d3d_mode", required=False)
     if mode is not None and mode not in modes:
@@ -187,6 +189,8 @@ def _get(raw: dict, name: str, kind, required: bool, default=None):
 def _number(raw: dict, name: str, lo, hi, default, integer: bool = False, open_low: bool = False):
     """Field ``name``: a finite number in [lo, hi] ((lo, hi] with ``open_low``), an integer if ``integer``."""
     value = _get(raw, name, int if integer else (int, float), required=False, default=default)
+    if value is None:
+        return None
     if not math.isfinite(value) or not (lo < value if open_low else lo <= value) or value > hi:
         what = "an integer" if integer else "a number"
         raise ApiError(400, f"{name}={_show(value)}: must be {what} in {'(' if open_low else '['}{lo}, {hi}]", name)

@@ -20,7 +20,7 @@ drops the group; the others go on. Greedy answers equal ``d3d.generate``'s on th
 in low precision up to near-ties, as in any batching: the batch around a row changes its last bits).
 Sampled answers follow the target's distribution at each row's temperature; ``seed`` seeds the row's
 own stream, which repeats an ar answer and not a speculative one (its acceptance streams are keyed by
-the group's round).
+the group's round and the batch around it).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class Scheduler:
         self.abandoned = 0  # requests ended early, or never begun, because their client went away
         self.peak = 0  # the most requests one round decoded together
         self.stop, self.closed, self.lock, self.thread = threading.Event(), False, threading.Lock(), None
+        self.idle_seconds = IDLE_SECONDS
 
     def submit(self, req: Request, events=None) -> Job:
         """Queue ``req`` for decoding; its events go to ``events`` (``Job``)."""
@@ -156,10 +157,10 @@ class Scheduler:
     def idle(self) -> bool:
         return all(group.idle for group in self.groups.values())
 
-    def release_idle(self, seconds: float = IDLE_SECONDS) -> None:
-        """Close the groups that have had nothing to do for ``seconds``: their caches are freed."""
+    def release_idle(self) -> None:
+        """Close the groups that have had nothing to do for ``idle_seconds``: their caches are freed."""
         now = time.monotonic()
-        for mode in [m for m, g in self.groups.items() if g.idle and now - g.busy_at > seconds]:
+        for mode in [m for m, g in self.groups.items() if g.idle and now - g.busy_at > self.idle_seconds]:
             self.groups.pop(mode).decoder.close()
 
     def group_of(self, mode: str) -> Group:
