@@ -39,7 +39,7 @@ def _load():
 
 
 VNNI_SOURCE = Path(__file__).with_name("quant_vnni.cpp")
-VNNI_FLAGS = frozenset({"avx512bw", "avx512_vnni", "avx512vbmi"})
+VNNI_FLAGS = frozenset({"avx512bw", "avx512_vnni", "avx512vbmi", "avx512_bitalg"})
 
 
 @functools.cache

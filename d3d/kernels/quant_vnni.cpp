@@ -20,7 +20,12 @@
 // 32-bit lane holds one column's 4 bytes, as vpdpbusd wants. For int4/int5 the low nibbles of a lane
 // are k, k+2, k+4, k+6 and the high ones k+1, k+3, k+5, k+7: the activations are laid out in that
 // order once per pass (integer sums do not depend on the order). int5's high bits (one 32-bit word
-// per k pair) are expanded to 0x10 bytes and permuted the same way.
+// per k pair) become two byte masks of the transposed layout (vpshufbitqmb, AVX-512 BITALG) that add
+// 0x10 to the nibbles they mark.
+//
+// Several rows (verification's drafted tokens): a tile of up to 4 rows x 2 panels unpacks each load of
+// weights once for all its rows and broadcasts each row's activations once for both panels, so an
+// extra row costs its vpdpbusd and little else.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -39,12 +44,12 @@ using d3d_quant::load16;
 using d3d_quant::Weights;
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg")
 
 struct Act {  // the quantized activations of all rows
     const int8_t* q;      // [M, K], in the format's k order
     const float* scale;   // [M, K / A]
-    const int32_t* sum;   // [M, K / A]: sum of qx
+    const int32_t* zsum;  // [M, K / A]: -z sum of qx (the weights' offset z times the row's sum)
     const float* xsum;    // [M, K / A]: fp32 sum of x (int4's mins)
     int64_t K, A;
 };
@@ -58,7 +63,32 @@ inline __m512i transpose4x16(__m512i v) {
     return _mm512_permutexvar_epi8(_mm512_load_si512(idx), v);
 }
 
-template <int MR, int NP, int BITS, bool HALF>
+// 4 activation bytes of a row, in every lane (folded into vpdpbusd as an embedded broadcast)
+inline __m512i bcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+// int5's high bits of 4 k pairs (4 words: bit j at k, bit 16 + j at k + 1, column j) -> the two byte
+// masks of the transposed [j][i] layout (bit 4 j + i: column j, pair i), for the even and the odd k.
+// One shuffle gathers the even and the odd halves; vpshufbitqmb picks each mask bit from them.
+inline void high_masks(const uint8_t* h, __mmask64& even, __mmask64& odd) {
+    alignas(64) static const uint8_t pick[64] = {  // byte 4 j + i: bit 16 i + j
+        0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38, 54,
+        7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61,
+        14, 30, 46, 62, 15, 31, 47, 63};
+    const __m128i halves = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)),
+                                            _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    const __m512i ctl = _mm512_load_si512(pick);
+    even = _mm512_bitshuffle_epi64_mask(_mm512_broadcastq_epi64(halves), ctl);
+    odd = _mm512_bitshuffle_epi64_mask(_mm512_broadcastq_epi64(_mm_unpackhi_epi64(halves, halves)), ctl);
+}
+
+// MR rows x NP panels over activation groups a0 .. a1. Each 64-byte load of weights is unpacked once
+// and applied to all MR rows, and each row's 4 activation bytes are broadcast once for all NP panels:
+// per row and 64 weights, one vpdpbusd. Integer sums start from -z sum qx (the same integers).
+template <int MR, int NP, int BITS, bool HALF, int A>
 void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1,
           const int64_t* cols) {
     __m512 acc[MR][NP];
@@ -66,66 +96,60 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
         for (int p = 0; p < NP; ++p)
             acc[m][p] = a0 == 0 ? _mm512_setzero_ps()
                                 : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << cols[p]) - 1), y + m * ldy + p * NR);
-    const int64_t A = X.A, K = X.K;
+    const int64_t K = X.K;
     const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i sixteen = _mm512_set1_epi8(0x10);
+    const int8_t* xq = X.q + m0 * K;
     for (int64_t a = a0; a < a1; ++a) {  // activation groups, in k order
         __m512i I[MR][NP];
-        for (int m = 0; m < MR; ++m)
-            for (int p = 0; p < NP; ++p) I[m][p] = _mm512_setzero_si512();
+        for (int m = 0; m < MR; ++m) {
+            const __m512i z = _mm512_set1_epi32(X.zsum[(m0 + m) * (K / A) + a]);
+            for (int p = 0; p < NP; ++p) I[m][p] = z;
+        }
         const int64_t k0 = a * A;
+#pragma GCC unroll 8
         for (int64_t k = k0; k < k0 + A; k += (BITS == 8 ? 4 : 8)) {
+            __m512i lo[NP], hi[NP];  // int8: lo only
 #pragma GCC unroll 4
             for (int p = 0; p < NP; ++p) {
                 const uint8_t* q = W.q + p * W.qstride + (BITS == 8 ? k : k / 2) * NR;
                 _mm_prefetch(reinterpret_cast<const char*>(q + 16 * 64), _MM_HINT_T0);
-                __m512i v = transpose4x16(_mm512_loadu_si512(q));
+                const __m512i v = transpose4x16(_mm512_loadu_si512(q));
                 if constexpr (BITS == 8) {
-                    v = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
-#pragma GCC unroll 12
-                    for (int m = 0; m < MR; ++m) {
-                        int32_t xb;
-                        std::memcpy(&xb, X.q + (m0 + m) * K + k, 4);
-                        I[m][p] = _mm512_dpbusd_epi32(I[m][p], v, _mm512_set1_epi32(xb));
-                    }
+                    lo[p] = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
                 } else {
-                    __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                    lo[p] = _mm512_and_si512(v, low4);
+                    hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
                     if constexpr (BITS == 5) {
-                        const uint8_t* hp = W.h + p * W.hstride + k * 2;  // 4 words: k pairs k/2 .. k/2 + 3
-                        uint32_t w[4];
-                        std::memcpy(w, hp, 16);
-                        const __mmask64 even = static_cast<__mmask64>(w[0] & 0xFFFF) |
-                                               static_cast<__mmask64>(w[1] & 0xFFFF) << 16 |
-                                               static_cast<__mmask64>(w[2] & 0xFFFF) << 32 |
-                                               static_cast<__mmask64>(w[3] & 0xFFFF) << 48;
-                        const __mmask64 odd = static_cast<__mmask64>(w[0] >> 16) | static_cast<__mmask64>(w[1] >> 16) << 16 |
-                                              static_cast<__mmask64>(w[2] >> 16) << 32 |
-                                              static_cast<__mmask64>(w[3] >> 16) << 48;
-                        lo = _mm512_or_si512(lo, transpose4x16(_mm512_maskz_mov_epi8(even, sixteen)));
-                        hi = _mm512_or_si512(hi, transpose4x16(_mm512_maskz_mov_epi8(odd, sixteen)));
+                        __mmask64 even, odd;
+                        high_masks(W.h + p * W.hstride + k * 2, even, odd);  // 4 words: k pairs k/2 .. k/2 + 3
+                        lo[p] = _mm512_mask_add_epi8(lo[p], even, lo[p], sixteen);
+                        hi[p] = _mm512_mask_add_epi8(hi[p], odd, hi[p], sixteen);
                     }
-#pragma GCC unroll 12
-                    for (int m = 0; m < MR; ++m) {
-                        int32_t xe, xo;  // the activations of k, k+2, k+4, k+6, then of the odd k
-                        std::memcpy(&xe, X.q + (m0 + m) * K + k, 4);
-                        std::memcpy(&xo, X.q + (m0 + m) * K + k + 4, 4);
-                        I[m][p] = _mm512_dpbusd_epi32(I[m][p], lo, _mm512_set1_epi32(xe));
-                        I[m][p] = _mm512_dpbusd_epi32(I[m][p], hi, _mm512_set1_epi32(xo));
-                    }
+                }
+            }
+#pragma GCC unroll 8
+            for (int m = 0; m < MR; ++m) {
+                const __m512i xe = bcast4(xq + m * K + k);  // int4/int5: k, k+2, k+4, k+6
+#pragma GCC unroll 4
+                for (int p = 0; p < NP; ++p) I[m][p] = _mm512_dpbusd_epi32(I[m][p], lo[p], xe);
+                if constexpr (BITS != 8) {
+                    const __m512i xo = bcast4(xq + m * K + k + 4);  // the odd k
+#pragma GCC unroll 4
+                    for (int p = 0; p < NP; ++p) I[m][p] = _mm512_dpbusd_epi32(I[m][p], hi[p], xo);
                 }
             }
         }
         const int64_t g = k0 / W.group;
-        constexpr int32_t Z = BITS == 8 ? 128 : BITS == 5 ? 16 : 0;
+#pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) {
             const __m512 s = load16<HALF>(W.s, p * W.sstride + g * NR);
             const __m512 mn = BITS == 4 ? load16<HALF>(W.m, p * W.sstride + g * NR) : s;
-#pragma GCC unroll 12
+#pragma GCC unroll 8
             for (int m = 0; m < MR; ++m) {
                 const int64_t i = (m0 + m) * (K / A) + a;
-                __m512i Ic = I[m][p];
-                if constexpr (Z != 0) Ic = _mm512_sub_epi32(Ic, _mm512_set1_epi32(Z * X.sum[i]));
-                acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Ic), _mm512_mul_ps(s, _mm512_set1_ps(X.scale[i])), acc[m][p]);
+                acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[m][p]), _mm512_mul_ps(s, _mm512_set1_ps(X.scale[i])),
+                                            acc[m][p]);
                 if constexpr (BITS == 4) acc[m][p] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X.xsum[i]), acc[m][p]);
             }
         }
@@ -135,13 +159,17 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
             _mm512_mask_storeu_ps(y + m * ldy + p * NR, static_cast<__mmask16>((1u << cols[p]) - 1), acc[m][p]);
 }
 
-template <int BITS, bool HALF>
+// Rows per tile: 4 rows x 2 panels keep 16 accumulators, 16 sums and the unpacked weights in the 32
+// registers (8 rows x 1 panel broadcast each row's activations once per panel: slower). A 9728 x 896
+// matrix, 2 threads, AMD Zen 5: docs/results/quant/kernels.txt.
+constexpr int64_t MR_MAX = 4;
+
+template <int BITS, bool HALF, int A>
 void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0,
              int64_t a1, const int64_t* cols) {
 #define D3D_TILE(R, P) \
-    if (mr == R && np == P) return tile<R, P, BITS, HALF>(X, m0, W, y, ldy, a0, a1, cols);
-    D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(5, 2) D3D_TILE(6, 2) D3D_TILE(1, 1)
-    D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1) D3D_TILE(5, 1) D3D_TILE(6, 1) D3D_TILE(7, 1) D3D_TILE(8, 1)
+    if (mr == R && np == P) return tile<R, P, BITS, HALF, A>(X, m0, W, y, ldy, a0, a1, cols);
+    D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1)
 #undef D3D_TILE
 }
 
@@ -153,15 +181,18 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
             const int64_t p0 = gi * GROUP, npg = std::min(GROUP, P - p0);
             for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
                 const int64_t a1 = std::min(blocks, a0 + AB);
-                for (int64_t m = 0; m < M;) {  // tiles of at most 8 rows, as even as possible
-                    const int64_t left = M - m, tiles = (left + 7) / 8, mr = (left + tiles - 1) / tiles;
-                    const int64_t np = mr <= 2 ? 4 : mr <= 6 ? 2 : 1;
+                for (int64_t m = 0; m < M;) {  // tiles of at most MR_MAX rows, as even as possible
+                    const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX, mr = (left + tiles - 1) / tiles;
+                    const int64_t np = mr <= 2 ? 4 : 2;
                     for (int64_t p = 0; p < npg;) {
                         const int64_t n = np <= npg - p ? np : 1;
                         int64_t cols[GROUP];
                         for (int64_t i = 0; i < n; ++i) cols[i] = std::min(NR, N - (p0 + p + i) * NR);
                         const Weights W = W0.at(p0 + p);
-                        tile_of<BITS, HALF>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
+                        if (X.A == 16)
+                            tile_of<BITS, HALF, 16>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
+                        else
+                            tile_of<BITS, HALF, 32>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
                         p += n;
                     }
                     m += mr;
@@ -174,8 +205,8 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
 #pragma GCC pop_options
 
 // The activations of every row, quantized per group of A: qx (in the format's k order), sx, sum qx, sum x.
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, bool nibble_order, int8_t* q, float* scale,
-                   int32_t* sum, float* xsum) {
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, bool nibble_order, int32_t z, int8_t* q,
+                   float* scale, int32_t* zsum, float* xsum) {
     for (int64_t m = 0; m < M; ++m)
         for (int64_t a = 0; a < K / A; ++a) {
             const float* xa = x + m * K + a * A;
@@ -194,7 +225,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, bool nibble_
                 s += v;
             }
             scale[m * (K / A) + a] = sx;
-            sum[m * (K / A) + a] = s;
+            zsum[m * (K / A) + a] = -z * s;
             xsum[m * (K / A) + a] = total;
         }
 }
@@ -205,8 +236,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, bool nibble_
 torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& s,
                      const torch::Tensor& m, int64_t N, int64_t G, int64_t bits) {
     TORCH_CHECK(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
-                    __builtin_cpu_supports("avx512bw"),
-                "quant_vnni.matmul: this CPU lacks AVX-512 VNNI/VBMI/BW");
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bitalg"),
+                "quant_vnni.matmul: this CPU lacks AVX-512 VNNI/VBMI/BW/BITALG");
     const Weights W = d3d_quant::checked("quant_vnni.matmul", x, q, h, s, m, N, G, bits);
     const int64_t K = x.size(1), P = q.size(0), A = G == 16 ? 16 : 32;
     const bool half = W.half;
@@ -218,7 +249,8 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     std::vector<int8_t> qx(M * K);
     std::vector<float> sx(M * (K / A)), xs(M * (K / A));
     std::vector<int32_t> sq(M * (K / A));
-    quantize_rows(xc.data_ptr<float>(), M, K, A, bits != 8, qx.data(), sx.data(), sq.data(), xs.data());
+    quantize_rows(xc.data_ptr<float>(), M, K, A, bits != 8, bits == 8 ? 128 : bits == 5 ? 16 : 0, qx.data(), sx.data(),
+                  sq.data(), xs.data());
     const Act X{qx.data(), sx.data(), sq.data(), xs.data(), K, A};
     auto y = torch::empty({M, N}, x.options());
     float* yp = y.data_ptr<float>();
