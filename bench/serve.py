@@ -6,6 +6,8 @@ concurrency level and mode: total throughput (completion tokens / wall time), re
 time to first token (p50, p90), errors. Prompts: evaluation windows of the bundled pair's held-out
 code (never used for a choice), sent as text; answers of mixed lengths (``--max-tokens`` cycled).
 ``--rss N`` then sends N sequential requests and samples the server's resident memory every 100.
+``--abuse`` runs, instead of the levels, the first level's load alone and beside abusive clients
+(``bench/serve_abuse.py``).
 """
 
 from __future__ import annotations
@@ -126,6 +128,9 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--max-tokens", default="32,64,96,128", help="answer lengths, cycled over the requests")
     ap.add_argument("--slots", type=int, default=16, help="the server's --slots")
     ap.add_argument("--rss", type=int, default=0, help="then N sequential requests, the server's RSS sampled")
+    ap.add_argument("--abuse", action="store_true",
+                    help="instead of the levels: the first level's normal load alone and beside abusive clients "
+                         "(bench/serve_abuse.py): latency p50/p99, the server's RSS, requests with no answer")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import d3d
@@ -136,10 +141,23 @@ def main(argv: list[str]) -> dict:
     tok = d3d.load_tokenizer(model_dir)
     prompts = [tok.decode(p) for p in code_prompts(tok, 64, prompt_len=64)]
     lengths = [int(x) for x in args.max_tokens.split(",")]
+    if args.abuse:  # 1,200 idle connections on each side
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     proc, host, port = start_server(args)
-    results, rss = [], None
+    results, rss, abuse = [], None, None
     try:
-        for mode in args.modes.split(","):
+        if args.abuse:
+            from . import serve_abuse
+
+            mode = args.modes.split(",")[0]
+            level(host, port, prompts, [8], 2, 4, mode)  # warm-up
+            abuse = serve_abuse.run(host, port, proc.pid, prompts, int(args.clients.split(",")[0]), args.requests,
+                                    mode)
+            print(serve_abuse.report(abuse))
+        for mode in args.modes.split(",") if not args.abuse else []:
             level(host, port, prompts, [8], 2, 4, mode)  # warm-up: kernels, caches, first-call costs
             for c in [int(x) for x in args.clients.split(",")]:
                 row = level(host, port, prompts, lengths, c, args.requests, mode)
@@ -180,6 +198,6 @@ def main(argv: list[str]) -> dict:
         print(f"\nRSS over {rss['requests']} sequential requests: {rss['samples'][0]['rss_mib']:.1f} MiB after 100, "
               f"at most {rss['growth_after_warmup']:+.1%} after that")
     payload = {"bench": "serve", "machine": machine(), "config": vars(args), "model": str(model_dir),
-               "results": results, "rss": rss}
+               "results": results, "rss": rss, "abuse": abuse}
     write_json(args.out, payload)
     return payload

@@ -122,6 +122,8 @@ def busy_rows(srv) -> int:
 
 def test_long_or_many_stop_strings_are_refused(server):
     status, _, body = post(server, {"prompt": "x", "max_tokens": 6, "stop": ["~" * 300000] * 4})
+    assert status == 413  # the case: a body larger than any request to this context needs
+    status, _, body = post(server, {"prompt": "x", "max_tokens": 6, "stop": ["~" * 100000] * 4})
     assert status == 400 and body["error"]["param"] == "stop" and "256" in body["error"]["message"]
     status, _, body = post(server, {"prompt": "x", "max_tokens": 6, "stop": ["a", "b", "c", "d", "e"]})
     assert status == 400 and body["error"]["param"] == "stop"
@@ -192,9 +194,13 @@ def test_expect_100_continue_is_answered(server):
 
 def test_a_huge_prompt_is_refused_by_its_bytes_before_tokenizing(server):
     t0 = time.perf_counter()
-    status, _, body = post(server, {"prompt": "def f(x):\n    return x\n" * 600_000, "max_tokens": 4})  # 15 MB
+    huge = json.dumps({"prompt": "def f(x):\n    return x\n" * 600_000, "max_tokens": 4}).encode()  # 15 MB
+    reply = raw_exchange(server, head(extra=f"Content-Length: {len(huge)}\r\n") + huge)
+    assert statuses(reply) == [413]  # more than any prompt of the context needs: refused before it is read
+    over = server.prompts.max_bytes + 1  # fits the body, not the context
+    status, _, body = post(server, {"prompt": "x" * over, "max_tokens": 4})
     assert status == 400 and body["error"]["param"] == "prompt" and "bytes" in body["error"]["message"]
-    status, _, body = post(server, {"messages": [{"role": "user", "content": "y" * 3_000_000}]},
+    status, _, body = post(server, {"messages": [{"role": "user", "content": "y" * over}]},
                            path="/v1/chat/completions")
     assert status == 400 and body["error"]["param"] == "messages" and "bytes" in body["error"]["message"]
     assert time.perf_counter() - t0 < 5  # tokenizing 15 MB took 26 s

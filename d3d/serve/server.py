@@ -17,7 +17,8 @@ as tokens are committed. A client that goes away, streamed or not, frees its row
 HTTP is h11's (``d3d.serve.http`` bounds it) on one asyncio loop, so an idle or slow connection costs
 no thread: at most ``MAX_CONNECTIONS`` are open (past it the one waiting longest for its request is
 closed, or with none waiting the newcomer gets a 503 with Retry-After), at most ``MAX_REQUESTS`` are in
-flight (past it a 503 with Retry-After). Requests are checked and tokenized on a thread of their own,
+flight (past it a 503 with Retry-After), and a body is at most what a prompt of the context can need
+(``largest_body``: 413 before it is read). Requests are checked and tokenized on a thread of their own,
 off the decoding loop and the HTTP loop (``d3d.serve.protocol``). Only who should reach it: a request
 whose Host is not the bound address or localhost (any Host where it binds 0.0.0.0 or ::), or whose
 Origin, when sent, is not one of those hosts nor the Host itself, gets a 403 unless ``--allow-origin``
@@ -108,6 +109,7 @@ class D3DServer:
         self.scheduler, self.model_name, self.quiet = scheduler, model_name, quiet
         self.prompts = PromptEncoder(scheduler.tok, scheduler.context)
         self.limits, self.access, self.page = limits or Limits(), Access(address[0], allow_origins), PAGE.read_bytes()
+        self.limits.max_body = min(self.limits.max_body, largest_body(self.prompts.max_bytes, scheduler.context))
         self.max_connections, self.max_requests = MAX_CONNECTIONS, MAX_REQUESTS
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.sock = socket.create_server(address, family=family, backlog=128)
@@ -190,7 +192,7 @@ class D3DServer:
         waiting = [c for c in self.connections if not c.busy]
         if not waiting:
             return False
-        victim = min(waiting, key=lambda c: c.waiting_since)
+        victim = min(waiting, key=lambda c: (c.started, c.waiting_since))  # one that sent nothing first
         victim.evicted = True
         self.connections.pop(victim).cancel()
         return True
@@ -307,6 +309,13 @@ class D3DServer:
         if not self.quiet:
             peer = conn.writer.get_extra_info("peername") or ("-",)
             print(f'{peer[0]} "{method} {path[:200]}" {status}', file=sys.stderr, flush=True)
+
+
+def largest_body(prompt_bytes: int, context: int) -> int:
+    """The most bytes a request to this server can need: its prompt's text at 6 bytes of JSON a byte
+    (``\\u0001``), 64 bytes of JSON a message (each message costs a token or more), 64 KiB besides.
+    A larger body is refused (413) before it is read."""
+    return 6 * prompt_bytes + 64 * context + (64 << 10)
 
 
 def sse(obj: dict) -> bytes:
