@@ -18,7 +18,7 @@ import torch
 
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, INSTALL_HINTS, models_dir
 from .cpu.precision import auto_dtype, cpu_flags, llc_bytes
-from .kernels import quant, skinny
+from .kernels import attention_cpu, quant, skinny
 
 # (what, source, whether this machine has it, why not, what d3d does without it)
 KERNELS = (
@@ -28,8 +28,10 @@ KERNELS = (
      "quantized checkpoints load as dense fp32 (4-7x the memory, slower)"),
     ("int8 activations", "quant_vnni.cpp", quant.vnni_available, quant.why_vnni_unavailable,
      "quantized matmuls keep fp32 activations"),
+    ("decoding attention", "attend_cpu.cpp", attention_cpu.available, attention_cpu.why_unavailable,
+     "attention runs on torch's SDPA; exact verification attends one row at a time and takes no leaves"),
 )
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16",
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bitalg", "avx512_bf16",
          "amx_bf16", "amx_int8")
 EXTRAS = {"ninja": "builds the CPU kernels", "transformers": "test oracle (tests only)",
           "gguf": "convert-gguf", "pytest": "tests", "matplotlib": "bench plots",
@@ -135,7 +137,7 @@ def modes() -> list[str]:
     lines = [f"  default {default_mode(target.device)} (generate and demo without --mode)",
              f"  ar      {target.weights} weights, matmuls: {matmul_path(target)}"]
     for mode in ("sync", "async"):
-        s = SpecConfig(mode).resolve(target.device, target.int8_activations)
+        s = SpecConfig(mode).resolve(target.device, target.int8_activations, attention_cpu.row_invariant(target.device))
         used = {"sync": ("lookup", "leaves", "verify_min_prob", "exact"),
                 "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup", "exact")}[mode]
         lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + " ".join(f"{k}={getattr(s, k)}" for k in used))

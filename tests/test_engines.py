@@ -418,12 +418,34 @@ def test_packed_pass_equals_separate_passes(layers):
     assert tcache.lengths == ref_t.lengths and dcache.lengths == ref_d.lengths
 
 
-def test_exact_rejects_the_packed_overlap():
+def test_exact_rejects_the_packed_overlap(monkeypatch):
+    """Where attention is not row-invariant by itself (no d3d.kernels.attention_cpu)."""
+    monkeypatch.setattr("d3d.kernels.attention_cpu.row_invariant", lambda device: False)
     target = tiny_target()
     drafter = random_drafter(target)
     with pytest.raises(ValueError, match="exact=True needs"):
         generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter,
                  spec=SpecConfig(mode="async", overlap="packed", exact=True))
+
+
+@pytest.mark.parametrize("mode,kw", [("sync", {}), ("sync", dict(leaves=4)), ("async", {}),
+                                     ("async", dict(overlap="packed", hypotheses=4, fanout=2))])
+def test_bf16_defaults_equal_ar_without_asking_for_exact(mode, kw):
+    """On a CPU the decoding attention computes every row alone (d3d.kernels.attention_cpu), so in bf16 the
+    defaults, leaves, hypothesis blocks and the packed pass round as ar's steps do: equal token for token
+    on near-tie weights, with no exact=True and no one-row-at-a-time attention."""
+    from d3d.kernels import attention_cpu
+
+    if not attention_cpu.row_invariant(torch.device("cpu")):
+        pytest.skip(f"CPU attention kernel unavailable: {attention_cpu.why_unavailable()}")
+    target = tiny_target().to(torch.bfloat16).pack_for_cpu()
+    drafter = random_drafter(target)
+    drafter.model.to(torch.bfloat16).pack_for_cpu()
+    prompts = [[1, 2, 3, 4, 5], [7, 7, 7], [9, 3, 5, 1, 2, 8, 8]]
+    ar = generate(target, prompts, max_new_tokens=40, stop_ids=[])
+    out = generate(target, prompts, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                   spec=SpecConfig(mode=mode, verify_min_prob=0.0, **kw))
+    assert out.tokens == ar.tokens
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

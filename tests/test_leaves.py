@@ -155,8 +155,12 @@ def test_leaves_through_every_async_overlap():
 @pytest.mark.parametrize("matmul", ["panels", "onednn"])
 def test_default_leaves_two_for_sync_none_for_async_or_exact(monkeypatch, matmul):
     """Two leaves in sync whatever the dtype and the fp32 matmul (the row price drops those not worth
-    their row; docs/results/leaves/validation_fp32_onednn_auto.json); none for async or with exact.
-    verify_min_prob=0 keeps every leaf verified."""
+    their row; docs/results/leaves/validation_fp32_onednn_auto.json); none for async, nor with exact
+    where attention is not row-invariant by itself (d3d.kernels.attention_cpu: then leaves are exact
+    too). verify_min_prob=0 keeps every leaf verified."""
+    from d3d.kernels import attention_cpu
+
+    exact_leaves = 2 if attention_cpu.row_invariant(torch.device("cpu")) else 0
     monkeypatch.setenv("D3D_CPU_MATMUL", matmul)
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
@@ -164,21 +168,23 @@ def test_default_leaves_two_for_sync_none_for_async_or_exact(monkeypatch, matmul
     half_drafter = random_drafter(half, 5, seed=22)
     half_drafter.model.to(torch.bfloat16)
     for model, d, mode, exact, per_round in ((target, drafter, "sync", False, 2), (half, half_drafter, "sync", False, 2),
-                                             (half, half_drafter, "async", False, 0), (half, half_drafter, "sync", True, 0)):
+                                             (half, half_drafter, "async", False, 0), (half, half_drafter, "sync", True, exact_leaves)):
         s = generate(model, PROMPTS, max_new_tokens=12, stop_ids=[], drafter=d,
                      spec=SpecConfig(mode=mode, verify_min_prob=0.0, exact=exact)).stats
         assert s.verified_leaves == per_round * s.rounds, (model.dtype, mode, exact)
 
 
-def test_leaves_arguments_checked():
+def test_leaves_arguments_checked(monkeypatch):
     target = tiny_target()
     drafter = random_drafter(target)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match=f"leaves={bad!r}: must be an integer >= 0"):
             generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter, spec=SpecConfig(mode="sync", leaves=bad))
-    with pytest.raises(ValueError, match="exact=True with leaves=2"):
-        generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter,
-                 spec=SpecConfig(mode="sync", leaves=2, exact=True))
+    with monkeypatch.context() as m:  # where attention is not row-invariant by itself, exact refuses leaves
+        m.setattr("d3d.kernels.attention_cpu.row_invariant", lambda device: False)
+        with pytest.raises(ValueError, match="exact=True with leaves=2"):
+            generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter,
+                     spec=SpecConfig(mode="sync", leaves=2, exact=True))
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

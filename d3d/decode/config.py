@@ -107,21 +107,25 @@ class SpecConfig:
                 raise ValueError(f"datastore with mode={self.mode!r}: datastore drafts are for the D3D modes, "
                                  "sync and async")
 
-    def resolve(self, device: torch.device, int8_activations: bool = False) -> "SpecConfig":
-        """Every unset field filled with the device's default (``defaults``), then checked as a whole
-        (``int8_activations``: the target's weights multiply int8 activations, which turns ``exact`` on)."""
+    def resolve(self, device: torch.device, int8_activations: bool = False,
+                row_invariant: bool = False) -> "SpecConfig":
+        """Every unset field filled with the device's default (``defaults``), then checked as a whole.
+        ``row_invariant``: the target's decoding attention rounds every row as a one-token step does
+        whatever the layout (``d3d.kernels.attention_cpu``), so verification is exact by itself, leaves
+        and packed passes included. Else ``int8_activations`` (the target's weights multiply int8
+        activations) turns ``exact`` on, and exact verification attends one row at a time."""
         self.check()
-        exact_auto = self.exact is None and int8_activations
-        exact = int8_activations if self.exact is None else self.exact
-        table = defaults(device, self.mode, exact)
+        exact_auto = self.exact is None and int8_activations and not row_invariant
+        exact = (int8_activations or row_invariant) if self.exact is None else self.exact
+        table = defaults(device, self.mode, exact and not row_invariant)
         spec = self.replace(exact=exact, **{k: v for k, v in table.items() if getattr(self, k) is None})
-        if spec.exact and spec.leaves:
+        if spec.exact and spec.leaves and not row_invariant:
             why = (f"leaves={spec.leaves} with a target with int8 activations (its speculative modes verify with "
                    "exact=True; d3d/cpu/quant.py)" if exact_auto else f"exact=True with leaves={spec.leaves}")
             raise ValueError(f"{why}: a leaf attends through a mask, not as a one-token step does, so its output "
                              "could part from ar in low precision; use leaves=0"
                              + (", or D3D_QUANT_ACTIVATIONS=fp32" if exact_auto else ""))
-        if spec.exact and spec.mode == "async" and spec.overlap == "packed":
+        if spec.exact and spec.mode == "async" and spec.overlap == "packed" and not row_invariant:
             raise ValueError("exact=True needs the target's own verification pass: use overlap='none', "
                              "not 'packed' (its joint pass attends all rows at once)")
         return spec
@@ -146,7 +150,8 @@ HELP = {
     "overlap": "async: how the draft-ahead pass runs beside verification: none (right after it), stream (a second "
                "CUDA stream), packed (one joint pass of both models)",
     "exact": "sync/async/dflash: verify with row-invariant attention, so that greedy output equals ar token for "
-             "token in bf16 too (slower verification); on by itself where weights multiply int8 activations",
+             "token in bf16 too; on by itself on a CPU with d3d's attention kernel (free there: every row is "
+             "computed alone) and where weights multiply int8 activations (elsewhere slower verification)",
 }
 
 

@@ -22,6 +22,7 @@ from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec
 from .sampling import check_sampling_args
+from ..kernels import attention_cpu
 from .dflash import DFlashDecoder
 from .speculative import RoundInfo, SpeculativeDecoder
 
@@ -141,7 +142,7 @@ def generate(
 def resolved_spec(model: Transformer, drafter, spec: SpecConfig) -> SpecConfig:
     """A speculative ``spec`` with every knob set for this model and drafter (the drafter checked)."""
     check_drafter(model, drafter, spec)
-    spec = spec.resolve(model.device, model.int8_activations)
+    spec = spec.resolve(model.device, model.int8_activations, attention_cpu.row_invariant(model.device))
     return spec.replace(block_size=spec.block_size or drafter.block_size)
 
 

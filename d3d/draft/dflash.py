@@ -134,7 +134,7 @@ class DFlashDrafter(nn.Module):
                                      layout.cache_lens, layout.group_ids, cache_rows=layout.rows,
                                      max_seqlen=layout.max_seqlen)
             else:
-                o = attend_torch(q, k, v.to(q.dtype), k_ctx[i], v_ctx[i], layout.plan(), cfg.head_dim ** -0.5)
+                o = attend_torch(q, k, v.to(q.dtype), k_ctx[i], v_ctx[i], layout.sdpa_plan(), cfg.head_dim ** -0.5)
             x = x + attn.o_proj(o.reshape(-1, cfg.q_size).to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)

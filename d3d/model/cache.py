@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import ModelConfig
+from ..kernels import attention_cpu
 from ..kernels.attention import SeqPlan, torch_plan
 
 # Up to this many sequences a pass writes its new K/V with one slice copy per sequence; beyond it
@@ -47,7 +48,8 @@ class PassLayout:
     cache_lens_host: list[int]
     row_invariant: bool = False  # torch path: causal runs attend one row at a time (see torch_plan)
     reach: torch.Tensor | None = None  # [T] int32: sibling blocks (d3d.kernels.attention); None = groups rule
-    _plan: list[SeqPlan] | None = field(default=None, repr=False)
+    _plan: list[SeqPlan] | attention_cpu.CpuPlan | None = field(default=None, repr=False)
+    _sdpa_plan: list[SeqPlan] | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -60,13 +62,26 @@ class PassLayout:
             cu.append(cu[-1] + n)
         return cu
 
-    def plan(self) -> list[SeqPlan]:
-        """The torch attention path's per-sequence arguments (masks included), built on first use
-        and shared by every layer of the pass."""
+    def plan(self) -> list[SeqPlan] | attention_cpu.CpuPlan:
+        """The CPU attention's arguments, built on first use and shared by every layer of the pass:
+        the row-invariant kernel's per-query plan (``d3d.kernels.attention_cpu``) for decoding passes
+        where it is built, else the torch path's per-sequence SDPA arguments (masks included)."""
         if self._plan is None:
-            self._plan = torch_plan(self.offsets_host(), self.cache_lens_host, self.rows_host, self.group_ids,
-                                    row_invariant=self.row_invariant, reach=self.reach)
+            if (self.max_seqlen <= attention_cpu.MAX_QUERIES and self.group_ids.device.type == "cpu"
+                    and attention_cpu.available()):
+                self._plan = attention_cpu.cpu_plan(self.offsets_host(), self.cache_lens_host, self.rows_host,
+                                                    self.group_ids, reach=self.reach)
+            else:
+                self._plan = self.sdpa_plan()
         return self._plan
+
+    def sdpa_plan(self) -> list[SeqPlan]:
+        """The torch path's per-sequence SDPA arguments (``attend_torch``; also for keys that are not
+        all in the cache, as the DFlash drafter's), built on first use."""
+        if self._sdpa_plan is None:
+            self._sdpa_plan = torch_plan(self.offsets_host(), self.cache_lens_host, self.rows_host, self.group_ids,
+                                         row_invariant=self.row_invariant, reach=self.reach)
+        return self._sdpa_plan
 
     def write(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Write the pass's new keys or values ``src`` [T, Hkv, D] into a cache layer ``dst``

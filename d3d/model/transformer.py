@@ -24,6 +24,7 @@ from .cache import KVCache, PassLayout
 from .config import ModelConfig
 from ..kernels import use_triton
 from ..kernels.attention import attend_torch, packed_attention
+from ..kernels.attention_cpu import CpuPlan, attend_cpu
 from ..cpu.quant import is_quantized
 
 
@@ -170,7 +171,9 @@ class Attention(nn.Module):
                                        layout.group_ids, cache_rows=layout.rows, max_seqlen=layout.max_seqlen,
                                        reach=layout.reach)
             else:  # CPU: the layout's plan (masks, spans) is built once per pass, not per layer
-                out = attend_torch(q, None, None, k_cache, v_cache, layout.plan(), self.head_dim ** -0.5)
+                plan = layout.plan()
+                out = attend_cpu(q, k_cache, v_cache, plan, self.head_dim ** -0.5) if isinstance(plan, CpuPlan) \
+                    else attend_torch(q, None, None, k_cache, v_cache, plan, self.head_dim ** -0.5)
         return self.o_proj(out.reshape(*shape, self.cfg.q_size).to(x.dtype))
 
 
