@@ -10,7 +10,9 @@ repeat, repeats interleaved so that machine drift hits all alike; medians are re
     python -m bench passes --target DIR --dtypes float32 --cpu-matmul panels onednn   (the fp32 CPU matmuls)
 
 ``host_ms`` is the time until the forward call returns; on CUDA, a ``host_ms`` close to ``ms``
-means the pass is bound by launching kernels rather than by running them.
+means the pass is bound by launching kernels rather than by running them. ``gb_s``: the bytes of the
+matrices a pass multiplies over its median time, beside the machine's read bandwidth (``read_gb_s``,
+``d3d.doctor.read_bandwidth_gbs``): how close a step comes to streaming its weights at memory speed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import d3d
 from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
 from d3d.cpu.precision import auto_dtype, resolve_dtype
+from d3d.doctor import read_bandwidth_gbs
 
 from .common import interleaved, machine, markdown_table, random_model, write_json
 
@@ -55,6 +58,17 @@ def pass_runner(model, T: int, context: int):
         return host
 
     return run
+
+
+def streamed_bytes(model) -> int:
+    """Bytes of the matrices one pass multiplies: every linear layer's weight (quantized or dense), the
+    LM head included; not the embedding, whose lookup reads only the rows of the pass's tokens."""
+    seen, total = set(), 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            total += m.weight.nbytes
+    return total
 
 
 def main(argv=None) -> dict:
@@ -109,6 +123,7 @@ def main(argv=None) -> dict:
                 todo["drafter"] = drafter.model
                 models["drafter"] = {"dir": str(drafter_dir), "parameters": drafter.num_parameters(include_shared=True)}
             for name, model in todo.items():
+                models[name]["streamed_bytes"] = streamed_bytes(model)
                 for T in args.T:
                     runners[(name, dt, matmul, T)] = pass_runner(model, T, args.context)
     finally:  # the choice is read when the weights are packed, at load: put it back after
@@ -129,10 +144,17 @@ def main(argv=None) -> dict:
     base = {(r["model"], r["dtype"], r["cpu_matmul"]): r["ms"] for r in results if r["T"] == min(args.T)}
     for r in results:
         r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"], r["cpu_matmul"])]
-    print(markdown_table(["model", "dtype", "fp32 matmul", "T", "ms (median)", "min..max", f"vs T={min(args.T)}"],
+        r["gb_s"] = models[r["model"]]["streamed_bytes"] / r["ms"] / 1e6
+    read = read_bandwidth_gbs() if args.device == "cpu" else None
+    print(markdown_table(["model", "dtype", "fp32 matmul", "T", "ms (median)", "min..max", f"vs T={min(args.T)}",
+                          "weights GB/s"],
                          [[r["model"], r["dtype"], r["cpu_matmul"], r["T"], f"{r['ms']:.2f}",
-                           f"{r['ms_min']:.2f}..{r['ms_max']:.2f}", f"{r['vs_T1']:.2f}x"] for r in results]))
+                           f"{r['ms_min']:.2f}..{r['ms_max']:.2f}", f"{r['vs_T1']:.2f}x", f"{r['gb_s']:.1f}"]
+                          for r in results]))
+    if read is not None:
+        print(f"machine read bandwidth: {read:.1f} GB/s ({torch.get_num_threads()} threads, d3d.doctor.read_bandwidth_gbs)")
     payload = {"bench": "passes", "machine": machine(), "config": vars(args), "models": models, "results": results,
+               "read_gb_s": read,
                # on CUDA: host_ms close to ms means the pass is launch-bound (the GPU waits for the host)
                "cuda_graphs": "not supported by the engines yet" if args.device.startswith("cuda") else None}
     write_json(args.out, payload)

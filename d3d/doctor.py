@@ -66,6 +66,18 @@ def bandwidth_gbs(megabytes: int = 256) -> float:
     return 2 * a.numel() * 4 / best / 1e9
 
 
+def read_bandwidth_gbs(megabytes: int = 512) -> float:
+    """Memory read bandwidth in GB/s: a sum over ``megabytes`` of fp32 with torch's threads (what a
+    decoding step's weight streaming can reach at most), best of 3."""
+    a = torch.ones(megabytes << 18)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - start)
+    return a.numel() * 4 / best / 1e9
+
+
 def memory_gib() -> float | None:
     try:
         with open("/proc/meminfo") as f:
@@ -103,7 +115,8 @@ def report() -> list[str]:
              f"machine   {cpu_name()}; {os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads; "
              f"{f'{mem:.0f} GiB memory' if mem else 'memory unknown'}; last-level cache {llc_bytes() >> 20} MiB",
              f"  flags   {' '.join(f for f in FLAGS if f in flags) or 'none of ' + ', '.join(FLAGS)}",
-             f"  memory  {bandwidth_gbs():.0f} GB/s (copy of 256 MB, best of 3)",
+             f"  memory  {bandwidth_gbs():.0f} GB/s (copy of 256 MB, best of 3), "
+             f"{read_bandwidth_gbs():.0f} GB/s read (sum of 512 MB, {torch.get_num_threads()} threads)",
              f"software  Python {platform.python_version()}, torch {torch.__version__} "
              f"(oneDNN {'yes' if torch.backends.mkldnn.is_available() else 'no'}), "
              f"triton {version('triton') or 'not installed'}, "

@@ -117,7 +117,7 @@ class SpecConfig:
         self.check()
         exact_auto = self.exact is None and int8_activations and not row_invariant
         exact = (int8_activations or row_invariant) if self.exact is None else self.exact
-        table = defaults(device, self.mode, exact and not row_invariant)
+        table = defaults(device, self.mode, exact and not row_invariant, int8_activations)
         spec = self.replace(exact=exact, **{k: v for k, v in table.items() if getattr(self, k) is None})
         if spec.exact and spec.leaves and not row_invariant:
             why = (f"leaves={spec.leaves} with a target with int8 activations (its speculative modes verify with "
@@ -155,7 +155,7 @@ HELP = {
 }
 
 
-def defaults(device: torch.device, mode: str, exact: bool = False) -> dict:
+def defaults(device: torch.device, mode: str, exact: bool = False, int8_activations: bool = False) -> dict:
     """The measured default of every knob for a device and mode. Each was chosen on validation
     requests; the JSON that chose it is named beside it, the figures are in docs/results.md."""
     cuda = device.type == "cuda"
@@ -163,7 +163,9 @@ def defaults(device: torch.device, mode: str, exact: bool = False) -> dict:
         "lookup": 0 if mode == "async" else 3,  # docs/results/lookup/validation_choice*.json; async: unmeasured
         # sync: docs/results/leaves/ (bf16), docs/results/quant/ (quantized), docs/results/panels/ab.txt and
         # docs/results/leaves/validation_fp32_onednn_auto.json (fp32); the row price drops those not worth a row
-        "leaves": 0 if mode == "async" or exact else 2,  # exact refuses leaves
+        # exact (one row at a time) refuses leaves; int8 activations (the real model's GGUF): 2 leaves were no
+        # gain on code and a loss on prose (docs/results/attention-cpu/validation_after_*.json)
+        "leaves": 0 if mode == "async" or exact or int8_activations else 2,
         "verify_min_prob": 0.0 if cuda else "auto",  # docs/results/copy-length/validation*_*.json; CUDA: unmeasured
         # async on a CPU: rare, very likely hypotheses (docs/results/async-hypotheses/validation_*.json);
         # on CUDA SSD's K = 8, F = 3 on a second stream, unmeasured until `python -m bench gpu`
