@@ -170,7 +170,8 @@ def test_pipeline_learns_a_toy_corpus(tmp_path):
     prompt = tok.encode("def add_5(a, b):\n")
     ar = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[])
     for mode in ("sync", "async"):
-        out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], drafter=drafter, spec=mode)
+        out = d3d.generate(target, prompt, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                           spec=d3d.SpecConfig(mode, verify_min_prob=0.0))  # every round drafts
         assert out.tokens == ar.tokens
         assert out.stats.tau > 2.0
 

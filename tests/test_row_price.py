@@ -140,9 +140,10 @@ def test_auto_measures_and_refuses_nonsense():
 
 
 def test_a_batch_drafts_while_drafting_rounds_commit_faster_than_plain_steps():
-    """``RowPrice.draft``: a single sequence always drafts; a batch tries both kinds once, then takes the
-    faster, probing the other every ``probe_every``-th round, and follows a change of which is faster."""
-    p = RowPrice(probe_every=4)
+    """``RowPrice.draft``: below ``min_rows`` always draft; else try both kinds once, then take the
+    faster, probing the other every ``probe_every``-th round (here never backing off), and follow a
+    change of which is faster."""
+    p = RowPrice(probe_every=4, probe_most=4, min_rows=2)
     assert all(p.draft(1) for _ in range(10))
     assert p.draft(8) is True
     p.observe(8, 0.1, 8, 0.1, drafted=True)  # drafting: 80 tok/s
@@ -153,6 +154,31 @@ def test_a_batch_drafts_while_drafting_rounds_commit_faster_than_plain_steps():
     for _ in range(12):
         p.observe(8, 0.2, 100, 0.2, drafted=True)  # drafting became faster (500 tok/s)
     assert p.draft(8) is True
+
+
+def test_probes_back_off_while_the_faster_kind_stays_and_restart_when_it_changes():
+    """One sequence too (min_rows 1): probes after 4, 8, 16, 16 rounds while drafting stays faster; when
+    plain steps become faster they are taken at once and probing starts over (after 4, then 8 rounds)."""
+    p = RowPrice(probe_every=4, probe_most=16)
+    p.observe(1, 0.1, 3, 0.1, drafted=p.draft(1))  # drafting: 30 tok/s
+    p.observe(1, 0.1, 1, 0.1, drafted=p.draft(1))  # a plain step: 10 tok/s
+    kinds = [p.draft(1) for _ in range(44)]
+    assert [i for i, k in enumerate(kinds) if not k] == [3, 11, 27, 43]
+    for _ in range(20):
+        p.observe(1, 0.1, 1, 0.2, drafted=True)  # drafting slowed down to 5 tok/s
+    kinds = [p.draft(1) for _ in range(12)]
+    assert [i for i, k in enumerate(kinds) if k] == [3, 11]
+
+
+def test_rounds_of_copies_only_count_as_neither_kind():
+    """A round whose every row had a copied draft (``drafted=None``) moves neither kind's rate."""
+    p = RowPrice()
+    p.observe(1, 0.1, 3, 0.1, drafted=True)
+    p.observe(1, 0.1, 1, 0.1, drafted=False)
+    before = {k: list(v) for k, v in p.by_kind.items()}
+    for _ in range(10):
+        p.observe(1, 0.1, 16, 0.1, drafted=None)  # long cheap copies
+    assert p.by_kind == before and p.draft(1) is True
 
 
 def test_a_batch_whose_drafts_never_pay_takes_plain_steps_and_equals_ar():

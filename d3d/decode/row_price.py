@@ -24,13 +24,15 @@ the machine, the dtype and the text:
     1.16x / 1.26x of ar, two runs (docs/results/copy-length/).
     AMX, or a GPU (expected, unmeasured): b ~ 0, every draft verified.
 
-In a batch the drafter pass itself has a price: it runs for every row while the batch already keeps
-the CPU busy, so rounds that draft and plain steps (empty drafts; copied ones still verified) are
-timed and the faster kind taken, the other probed every 8th round (``RowPrice.draft``). A single
-sequence always drafts: the same choice had lost 3-5% there on validation requests (the "gate",
-docs/results.md). Batches, Qwen2.5-Coder-0.5B, 16 validation chat requests a set, 2-core Zen 5
-(docs/results/serve/gate_validation.json): code 1.02x -> 1.11x of ar at 4 rows, 0.74x -> 0.90x at 16;
-explanations 0.84x -> 0.89x and 0.72x -> 0.88x.
+The drafter pass itself has a price, so rounds that draft and plain steps (empty drafts; copied ones
+still verified) are timed and the faster kind taken (``RowPrice.draft``). Rounds whose every row had a
+copied draft count as neither: copies are cheap and long, and crediting them to plain steps had made
+code fall back to steps. The other kind is probed after 8 rounds, then twice as long after each probe
+that changed nothing (at most 64). Batches, Qwen2.5-Coder-0.5B, 16 validation chat requests a set,
+2-core Zen 5 (docs/results/serve/gate_validation.json): code 1.02x -> 1.11x of ar at 4 rows, 0.74x ->
+0.90x at 16; explanations 0.84x -> 0.89x and 0.72x -> 0.88x. One sequence, 6 + 6 validation chat
+requests, two runs (docs/results/gate-batch1/validation_*_without_copies_*.json): code 1.50x / 1.53x ->
+1.61x / 1.43x of ar, explanations 0.93x / 0.89x -> 0.97x / 0.98x.
 
 b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
 rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio
@@ -55,7 +57,7 @@ class RowPrice:
     threshold R * b (``min_prob``). ``decay``: the weight of a new round in each average."""
 
     def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 0.5,
-                 min_rows: int = 2, probe_every: int = 8):
+                 min_rows: int = 1, probe_every: int = 8, probe_most: int = 64):
         if not 0 <= prior <= 1:
             raise ValueError(f"prior={prior!r}: must be a probability in [0, 1]")
         if not 0 < decay <= 1:
@@ -63,16 +65,19 @@ class RowPrice:
         if not 0 < ceiling <= 1:
             raise ValueError(f"ceiling={ceiling!r}: must be in (0, 1]")
         self.prior, self.decay, self.warmup, self.ceiling = prior, decay, warmup, ceiling
-        self.min_rows, self.probe_every, self.since_probe = min_rows, probe_every, 0
+        self.min_rows, self.probe_every, self.probe_most, self.since_probe = min_rows, probe_every, probe_most, 0
+        self.probe_interval, self.best = probe_every, None
         self.by_kind = {True: [None, None], False: [None, None]}  # drafted? -> EWMA [tokens, seconds] of rounds
         self.per_row = {"draft": None, "hypotheses": None}  # EWMA seconds per row: a sync draft, a hypotheses pass
         self.rounds = 0
         self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
         self.tokens = self.seconds = 0.0
 
-    def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float, drafted: bool = True) -> None:
+    def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float,
+                drafted: bool | None = True) -> None:
         """One round: a verification of ``rows`` target rows took ``verify_seconds``; the whole round
-        (drafting included, if the drafter ran: ``drafted``) committed ``tokens`` in ``round_seconds``."""
+        (drafting included, if the drafter ran: ``drafted``) committed ``tokens`` in ``round_seconds``.
+        ``drafted`` None: neither kind (every row had a copied draft), which tells ``draft`` nothing."""
         if rows < 1 or verify_seconds < 0 or tokens < 0 or round_seconds < 0:
             raise ValueError(f"observe(rows={rows}, verify_seconds={verify_seconds}, tokens={tokens}, "
                              f"round_seconds={round_seconds}): rows >= 1 and times and tokens >= 0")
@@ -81,8 +86,9 @@ class RowPrice:
             self.m[j] += d * (x - self.m[j])
         self.tokens += d * (tokens - self.tokens)
         self.seconds += d * (round_seconds - self.seconds)
-        kind = self.by_kind[drafted]
-        kind[:] = [ewma(kind[0], tokens), ewma(kind[1], round_seconds)]
+        if drafted is not None:
+            kind = self.by_kind[drafted]
+            kind[:] = [ewma(kind[0], tokens), ewma(kind[1], round_seconds)]
         self.rounds += 1
 
     def seconds_per_row(self) -> float | None:
@@ -98,10 +104,11 @@ class RowPrice:
         return self.tokens / max(self.seconds, 1e-9)
 
     def draft(self, rows: int) -> bool:
-        """Whether this round asks the drafter, for a batch of ``rows`` (a single sequence always does).
-        In a batch the drafter pass is paid for every row while the batch already keeps the CPU busy:
-        compare the tokens per second of rounds that drafted with those of plain steps (copied drafts
-        still verified), take the faster kind, and the other every ``probe_every``-th round."""
+        """Whether this round asks the drafter, for a batch of ``rows`` (below ``min_rows`` it always
+        does). Compare the tokens per second of rounds that drafted with those of plain steps (rounds
+        whose every row had a copied draft count as neither), take the faster kind, and probe the
+        other: after ``probe_every`` rounds, then twice as long after each probe that left the faster
+        kind as it was (at most ``probe_most``), back to ``probe_every`` when it changes."""
         if rows < self.min_rows:
             return True
         for kind in (True, False):
@@ -109,9 +116,11 @@ class RowPrice:
                 return kind
         (td, sd), (ts, ss) = self.by_kind[True], self.by_kind[False]
         best = td / max(sd, 1e-9) >= ts / max(ss, 1e-9)
+        if best != self.best:
+            self.best, self.probe_interval, self.since_probe = best, self.probe_every, 0
         self.since_probe += 1
-        if self.since_probe >= self.probe_every:
-            self.since_probe = 0
+        if self.since_probe >= self.probe_interval:
+            self.since_probe, self.probe_interval = 0, min(2 * self.probe_interval, self.probe_most)
             return not best
         return best
 

@@ -397,7 +397,8 @@ class SpeculativeDecoder(Decoder):
         if job is not None:
             self.price.observe_drafter("hypotheses", max(0.0, d_span[1] - max(d_span[0], v_span[1])), len(hyp_rows))
         self.price.observe(sum(len(plan.drafts[i].tokens) + 1 for i in rows) + sum(map(len, plan.leaves)),
-                           v_span[1] - v_span[0], gained, clock.now() - began, drafted=bool(r.need))
+                           v_span[1] - v_span[0], gained, clock.now() - began,
+                           drafted=True if r.need else False if r.stepped else None)
         self.rnd += 1
         return rows
 
