@@ -57,7 +57,7 @@ def test_generate_leaves_and_lookup_explained_and_checked(capsys):
     """--leaves L / --lookup N: --explain marks the rounds whose bonus was a verified leaf and the
     rounds whose draft was copied; bad values are refused."""
     code, out, _ = run_cli(["generate", "--prompt", "import os\n", "--max-new-tokens", "48", "--explain",
-                            "--mode", "sync", "--leaves", "4"], capsys)
+                            "--mode", "sync", "--leaves", "4", "--verify-min-prob", "0"], capsys)  # every round drafts
     assert code == 0 and re.search(r"^round \d+: accepted \d+/\d+ \+ leaf \d", out, re.M)
     assert re.search(r"\{[^}]*\} then <", out)  # the leaf, then the bonus after it
     code, out, _ = run_cli(["generate", "--prompt", "import os\nimport sys\nimport os", "--max-new-tokens", "48",
