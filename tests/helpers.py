@@ -49,3 +49,17 @@ def save_hf(model, path: Path, *, layout: str = "new", max_shard_size: str | Non
         raw.pop("torch_dtype", None)
     cfg_file.write_text(json.dumps(raw, indent=2))
     return Path(path)
+
+
+def bundled_server(**kw):
+    """``d3d serve`` on the bundled pair (sync with its drafter) on a free port of 127.0.0.1, quiet, and what
+    it serves: (server, target, tokenizer, drafter). The caller drains the server."""
+    import d3d
+    from d3d.assets import BUNDLED_TARGET, models_dir
+    from d3d.draft.pick import pick_drafter
+    from d3d.serve.server import serve
+
+    target = d3d.load_model(models_dir() / BUNDLED_TARGET)
+    tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)
+    mode, drafter, _ = pick_drafter(target, "sync")
+    return serve(target, tok, drafter, d3d.SpecConfig(mode), "target-16m", port=0, quiet=True, **kw), target, tok, drafter

@@ -10,21 +10,15 @@ import threading
 import pytest
 
 import d3d
-from d3d.assets import BUNDLED_TARGET, models_dir
-from d3d.draft.pick import pick_drafter
 from d3d.serve.scheduler import TextStream
-from d3d.serve.server import serve
+from helpers import bundled_server
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
-MODEL_DIR = models_dir() / BUNDLED_TARGET
 
 
 @pytest.fixture(scope="module")
 def server():
-    target = d3d.load_model(MODEL_DIR)
-    tok = d3d.load_tokenizer(MODEL_DIR)
-    mode, drafter, _ = pick_drafter(target, "sync")
-    srv = serve(target, tok, drafter, d3d.SpecConfig(mode), "target-16m", port=0, quiet=True)
+    srv, target, tok, drafter = bundled_server()
     yield srv, target, tok, drafter
     srv.drain(timeout=60)
 

@@ -14,23 +14,18 @@ from pathlib import Path
 import pytest
 
 import d3d
-from d3d.assets import BUNDLED_TARGET, models_dir
-from d3d.draft.pick import pick_drafter
 from d3d.serve.prompt import PromptEncoder
 from d3d.serve.scheduler import TextStream
-from d3d.serve.server import Access, serve
+from d3d.serve.server import Access
+from helpers import bundled_server
 
 pytest.importorskip("h11", reason="d3d serve's HTTP layer is in the serve extra (and the test extra)")
-MODEL_DIR = models_dir() / BUNDLED_TARGET
 NORMAL = {"prompt": "def add(a, b):", "max_tokens": 8}
 
 
 @pytest.fixture(scope="module")
 def server():
-    target = d3d.load_model(MODEL_DIR)
-    tok = d3d.load_tokenizer(MODEL_DIR)
-    mode, drafter, _ = pick_drafter(target, "sync")
-    srv = serve(target, tok, drafter, d3d.SpecConfig(mode), "target-16m", port=0, quiet=True)
+    srv, target, tok, drafter = bundled_server()
     stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
     ids = d3d.generate(target, tok.encode(NORMAL["prompt"]), max_new_tokens=8, spec="sync", drafter=drafter,
                        stop_ids=stops).tokens[0]

@@ -151,7 +151,7 @@ def int8_activations(k: int, group: int) -> bool:
     """Whether a matrix multiplies int8-quantized activations (``kernels.quant.matmul_vnni``: per row
     and group of 32, integer dot products) instead of fp32 ones (``kernels.quant.matmul``: bit-equal
     to the fp32 model). ``D3D_QUANT_ACTIVATIONS`` = ``fp32``, ``int8`` or ``auto`` (the default):
-    int8 where the CPU has AVX-512 VNNI and VBMI. Chosen on the real model (AMD Zen 5, 2 cores,
+    int8 where the CPU has AVX-512 VNNI, VBMI and BITALG. Chosen on the real model (AMD Zen 5, 2 cores,
     docs/results/quant/): a decoding step 20.9 -> 17.4 ms (passes.json and its first version);
     validation requests, the defaults (which then verify with ``exact`` attention,
     ``d3d.decode.engines.generate``): code 61.0 -> 74.7 tok/s, explanations 43.0 -> 53.6. Its accuracy cost: docs/results/quant/quality_qwen25.json."""

@@ -21,7 +21,7 @@ import torch
 from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec
-from .sampling import check_sampling_args
+from .sampling import check_lossless_sampling, check_sampling_args
 from ..kernels import attention_cpu
 from .dflash import DFlashDecoder
 from .speculative import RoundInfo, SpeculativeDecoder
@@ -128,8 +128,7 @@ def generate(
         check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
         dec = ArDecoder(model, sampling, stops, len(prompts), max(map(len, prompts)) + max_new_tokens, stream)
         return dec.run(prompts, max_new_tokens)
-    if (sampling.top_k is not None or sampling.top_p is not None) and sampling.temperature > 0:
-        raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
+    check_lossless_sampling(sampling)
     spec = resolved_spec(model, drafter, spec)
     check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
                  extra=2 * spec.block_size + 2)

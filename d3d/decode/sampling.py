@@ -16,6 +16,12 @@ def check_sampling_args(temperature: float, top_k: int | None = None, top_p: flo
         raise ValueError(f"top_p={top_p!r}: must be in (0, 1] (or None)")
 
 
+def check_lossless_sampling(sampling) -> None:
+    """What a speculative mode can sample (a ``Sampling``): the target's distribution at T, not a truncation."""
+    if sampling.temperature > 0 and (sampling.top_k is not None or sampling.top_p is not None):
+        raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
+
+
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
     """Set logits outside the top-k / nucleus (top-p) to -inf. logits: [N, V] (already / T)."""
     if top_k is not None and top_k < logits.shape[-1]:

@@ -50,6 +50,7 @@ from ..model.cache import branches
 from ..model.transformer import Transformer
 from .overlap import Verification, make_overlap
 from .row_price import RowPrice
+from .sampling import check_lossless_sampling
 
 if TYPE_CHECKING:
     from ..draft.drafter import Drafter, Drafts
@@ -354,8 +355,7 @@ class SpeculativeDecoder(Decoder):
         decoder's."""
         for j, (i, p) in enumerate(zip(rows, prompts)):
             s = sampling[j] if sampling is not None else self.sampling
-            if s.temperature > 0 and (s.top_k is not None or s.top_p is not None):
-                raise ValueError("top_k/top_p are only supported with mode='ar' (speculative modes are lossless at T)")
+            check_lossless_sampling(s)
             self.seqs.committed[i] = list(p)
             self.seqs.sample_as(i, s.temperature, s.seed)
             self.side.dcache.crop(i, 0)

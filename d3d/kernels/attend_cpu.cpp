@@ -62,12 +62,11 @@ constexpr int MAX_GROUP = 16;  // query heads per kv head
 constexpr int MAX_D = 256;
 
 template <typename Q, typename KV>
-void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64_t kvh, int64_t G, int64_t D,
-                int64_t key_stride, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W,
-                float scale, std::vector<float>& s) {
+void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64_t G, int64_t D,
+                const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale,
+                std::vector<int64_t>& vis, std::vector<float>& s) {  // vis, s: a thread's buffers
     const int64_t n = nkeys[i], f = first[i];
-    std::vector<int64_t> vis;
-    vis.reserve(n);
+    vis.clear();
     for (int64_t j = 0; j < n; ++j)
         if (j < f || mask[i * W + (j - f)]) vis.push_back(j);
     const int64_t nv = static_cast<int64_t>(vis.size()), nv8 = (nv + 7) / 8 * 8;  // padded with -inf scores
@@ -77,7 +76,7 @@ void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64
     for (int64_t g = 0; g < G; ++g)
         for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(qf[g] + d, load8(q + g * D + d));
     for (int64_t t = 0; t < nv; ++t) {
-        const KV* k = kc + vis[t] * key_stride;
+        const KV* k = kc + vis[t] * D;
         for (int64_t g = 0; g < G; ++g) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_load_ps(qf[g] + d), load8(k + d), acc);
@@ -110,7 +109,7 @@ void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64
             __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             const float* pg = s.data() + g * nv8;
             for (int64_t t = 0; t < nv; ++t) {
-                const KV* v = vc + vis[t] * key_stride + d0;
+                const KV* v = vc + vis[t] * D + d0;
                 const __m256 p = _mm256_set1_ps(pg[t]);
                 for (int64_t u = 0; u < c; ++u) a[u] = _mm256_fmadd_ps(p, load8(v + 8 * u), a[u]);
             }
@@ -130,12 +129,13 @@ void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& v
     const KV* kp = kc.data_ptr<KV>();
     const KV* vp = vc.data_ptr<KV>();
     at::parallel_for(0, T * Hkv, 1, [&](int64_t w0, int64_t w1) {
+        std::vector<int64_t> vis;
         std::vector<float> s;
         for (int64_t w = w0; w < w1; ++w) {
             const int64_t i = w / Hkv, kvh = w % Hkv;
             const int64_t base = (rows[i] * Hkv + kvh) * Lmax * D;
-            attend_one<Q, KV>(qp + (i * H + kvh * G) * D, kp + base, vp + base, op + (i * H + kvh * G) * D, i, kvh,
-                              G, D, D, nkeys, first, mask, W, scale, s);
+            attend_one<Q, KV>(qp + (i * H + kvh * G) * D, kp + base, vp + base, op + (i * H + kvh * G) * D, i, G, D,
+                              nkeys, first, mask, W, scale, vis, s);
         }
     });
 }

@@ -9,7 +9,7 @@ Why a kernel of its own: each query's scores, softmax and weighted sum run over 
 in key order, in fp32, so a row's output does not depend on how many rows share the pass or which keys
 the mask hides. A T-token verification (or a leaf) computes exactly what a one-token step over the same
 keys does, in bf16 as in fp32: the lossless property without attending one row at a time. Measured:
-docs/results/quant/passes.json.
+docs/results/attention-cpu/ (validation before/after, passes.json).
 
 Torch reference: ``attention.packed_attention_torch`` (SDPA, equal up to rounding). Loop oracle:
 ``naive.packed_attention_reference`` (float64).

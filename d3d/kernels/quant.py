@@ -14,7 +14,7 @@ for bit, for every M, and equals ``naive.skinny_matmul_reference(x, dequantize(.
 
 Torch reference: ``dequantize`` + ``F.linear``. Loop oracle: ``naive.quant_matmul_reference``.
 
-``matmul_vnni`` (``quant_vnni.cpp``, AVX-512 VNNI + VBMI) reads the same panels but quantizes the
+``matmul_vnni`` (``quant_vnni.cpp``, AVX-512 VNNI + VBMI + BITALG) reads the same panels but quantizes the
 activations to int8 per row and group and sums exact integer dot products (numerics in that file;
 loop oracle ``naive.quant_vnni_reference``).
 """
