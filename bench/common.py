@@ -18,7 +18,8 @@ from d3d.decode.config import SpecConfig
 def machine() -> dict:
     import torch
 
-    from d3d.cpu.precision import auto_dtype, cpu_flags
+    from d3d.cpu.precision import auto_dtype
+    from d3d.hardware import cpu_flags
 
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),

@@ -30,7 +30,7 @@ def test_packed_linear_matches_f_linear(dtype, tol, M):
 @needs_onednn
 def test_packing_fp32_works_everywhere_and_bf16_where_the_cpu_has_it():
     """fp32 packs on every x86 CPU oneDNN supports; bf16 is probed, not assumed (AVX2-only CPUs refuse it)."""
-    from d3d.cpu.precision import cpu_flags
+    from d3d.hardware import cpu_flags
 
     assert cpu_linear.packs(torch.float32) and not cpu_linear.packs(torch.float16)
     flags = set(cpu_flags())

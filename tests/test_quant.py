@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import d3d
+from d3d import hardware
 from d3d.cpu import precision
 from d3d.kernels import quant as kernel
 from d3d.kernels.naive import quant_matmul_reference, skinny_matmul_reference
@@ -18,12 +19,12 @@ from d3d.cpu.quant import QuantWeight, Stacked, join, quantize
 from d3d.decode.config import SpecConfig
 
 needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"quant kernel unavailable: {kernel.why_unavailable()}")
-ISAS = ["avx2"] + (["avx512"] if "avx512f" in precision.cpu_flags() else [])
+ISAS = ["avx2"] + (["avx512"] if "avx512f" in hardware.cpu_flags() else [])
 
 
 def test_builds_where_the_cpu_and_a_compiler_allow():
     """Not a silent skip: on an AVX2+FMA CPU with a C++ compiler the kernel must build."""
-    if {"avx2", "fma"} <= precision.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
+    if {"avx2", "fma"} <= hardware.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
         assert kernel.available(), kernel.why_unavailable()
     else:
         assert not kernel.available() and kernel.why_unavailable()
@@ -151,7 +152,7 @@ needs_vnni = pytest.mark.skipif(not kernel.vnni_available(),
 
 
 def test_vnni_builds_where_the_cpu_and_a_compiler_allow():
-    if kernel.VNNI_FLAGS <= precision.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
+    if kernel.VNNI_FLAGS <= hardware.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
         assert kernel.vnni_available(), kernel.why_vnni_unavailable()
     else:
         assert not kernel.vnni_available()

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from ..hardware import cpu_flags, llc_bytes
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -52,18 +54,6 @@ class DtypeChoice:
         d = asdict(self)
         d["cpu_flags"] = list(self.cpu_flags)
         return d
-
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def probe_matmul_ms(rows: int = 16, k: int = 1024, n: int = 2048, repeats: int = 5) -> dict:
@@ -151,18 +141,6 @@ class WeightsChoice:
     def quantizes(self) -> bool:
         """Whether dense matrices of the checkpoint are quantized at load."""
         return self.weights in ("int8", "int4")
-
-
-def llc_bytes() -> int:
-    """The last-level cache of this CPU in bytes (32 MiB where sysfs does not say)."""
-    for index in (3, 2):
-        try:
-            text = open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read().strip()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        return int(text.rstrip("KMG")) * unit
-    return 32 << 20
 
 
 def probe_weights_ms(dtype: torch.dtype, llc: int, rows: tuple[int, ...] = (1, 8), repeats: int = 3) -> dict:
@@ -279,5 +257,5 @@ def _why_no_quant(device: torch.device) -> str | None:
     return None if kernel.available() else f"need the CPU kernel ({kernel.why_unavailable()})"
 
 
-__all__ = ["DtypeChoice", "DTYPES", "auto_dtype", "resolve_dtype", "decide_cpu", "cpu_flags", "probe_matmul_ms",
-           "WeightsChoice", "WEIGHTS", "auto_weights", "decide_weights", "probe_weights_ms", "llc_bytes"]
+__all__ = ["DtypeChoice", "DTYPES", "auto_dtype", "resolve_dtype", "decide_cpu", "probe_matmul_ms",
+           "WeightsChoice", "WEIGHTS", "auto_weights", "decide_weights", "probe_weights_ms"]

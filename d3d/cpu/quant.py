@@ -25,8 +25,8 @@ import os
 
 import torch
 
+from ..hardware import cpu_flags
 from ..kernels import quant as kernel
-from .precision import cpu_flags
 
 FORMATS = ("int8", "int4")  # what ``quantize`` makes from dense weights (int5 comes from GGUF Q5_0 only)
 INT4_GROUP = 32  # the group of int4 made from dense weights (Q4_K's group)

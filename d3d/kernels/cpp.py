@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..cpu.precision import cpu_flags
+from ..hardware import cpu_flags
 
 AVX2_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 AVX2 = frozenset({"avx2", "fma"})

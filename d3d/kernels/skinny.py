@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..cpu.precision import cpu_flags
+from ..hardware import cpu_flags
 from .cpp import AVX2_FLAGS, build
 
 SOURCE = Path(__file__).with_name("skinny_gemm.cpp")

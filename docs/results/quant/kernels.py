@@ -11,8 +11,8 @@ import torch
 
 from d3d.cpu import linear as cpu_linear
 from d3d.kernels import quant as K
-from d3d.cpu.precision import cpu_flags
 from d3d.cpu.quant import QuantWeight
+from d3d.hardware import cpu_flags
 
 torch.set_num_threads(2)
 N, D, G, L, ROWS = 9728, 896, 32, 12, (1, 2, 4, 8, 16)
