@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..draft.pick import default_mode  # noqa: F401  (read here by demo, doctor and bench/llamacpp.py)
+
 if TYPE_CHECKING:
     from .datastore import Datastore
 
@@ -177,12 +179,6 @@ def defaults(device: torch.device, mode: str, exact: bool = False, int8_activati
     }
 
 
-def default_mode(device: torch.device) -> str:
-    """The speculative mode used with a D3D drafter when none is asked for: async on CUDA, sync on a
-    CPU, where async measured slower than sync in every setting (docs/results/async-hypotheses/)."""
-    return "async" if device.type == "cuda" else "sync"
-
-
 def as_spec(spec: "SpecConfig | str | None") -> SpecConfig:
     """``generate``'s ``spec`` argument: None (ar), a mode or compact string, or a SpecConfig."""
     if spec is None:
@@ -217,5 +213,5 @@ def parse_value(name: str, raw: str):
         raise ValueError(f"{name}={raw!r}: expected {what}") from None
 
 
-__all__ = ["SpecConfig", "Sampling", "MODES", "OVERLAPS", "HELP", "defaults", "default_mode", "as_spec",
+__all__ = ["SpecConfig", "Sampling", "MODES", "OVERLAPS", "HELP", "defaults", "as_spec",
            "parse_value"]

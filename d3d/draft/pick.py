@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, models_dir
-from ..decode.config import default_mode
+
+if TYPE_CHECKING:
+    import torch
 
 BUNDLED = {"d3d": (BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER), "dflash": (BUNDLED_DFLASH,)}
+
+
+def default_mode(device: torch.device) -> str:
+    """The speculative mode used with a D3D drafter when none is asked for: async on CUDA, sync on a
+    CPU, where async measured slower than sync in every setting (docs/results/async-hypotheses/)."""
+    return "async" if device.type == "cuda" else "sync"
 
 
 def drafter_kind(path: Path) -> str:
