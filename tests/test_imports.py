@@ -103,8 +103,10 @@ def test_no_run_time_module_imports_training_code():
     assert not offenders, offenders
 
 
-def test_module_level_imports_have_no_cycle():
-    graph = {_module(p): _imports(p, top_level_only=True) for p in (ROOT / "d3d").rglob("*.py")}
+def test_imports_have_no_cycle():
+    """No module imports one that imports it back, however indirectly; imports inside functions count
+    (a cycle hidden by a lazy import is still a cycle)."""
+    graph = {_module(p): _imports(p, top_level_only=False) for p in (ROOT / "d3d").rglob("*.py")}
     state: dict[str, int] = {}
 
     def visit(m, trail):
@@ -120,6 +122,41 @@ def test_module_level_imports_have_no_cycle():
 
     for m in sorted(graph):
         visit(m, [])
+
+
+# The rooms of d3d/ (a folder, or a module at the top; "d3d" is the public API in d3d/__init__.py) by
+# floor, lowest first. A room imports only rooms on lower floors: no arrow up, none sideways, so no
+# circle between folders. A new room gets a floor here.
+FLOORS = (
+    ("files", "assets", "hardware"),  # atomic writes, where models live, what the CPU offers
+    ("kernels",),  # attention, acceptance, denoising, CPU matmul kernels
+    ("cpu",),  # the precision policy, prepacked and quantized matrices
+    ("model",),  # what a checkpoint is
+    ("data", "draft", "fetch"),  # prompt sets and answer stores; the drafters; real models fetched by name
+    ("decode",),  # the decoders
+    ("d3d", "serve", "demo", "doctor"),  # the public API and its users
+    ("train",),  # training reads the public API
+    ("__main__",),  # the CLI
+)
+
+
+def _room(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_folders_import_only_lower_floors():
+    """Every import between rooms of d3d/ goes down a floor (imports inside functions count)."""
+    floor = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
+    modules = {_module(p): p for p in (ROOT / "d3d").rglob("*.py")}
+    unplaced = sorted({_room(m) for m in modules} - set(floor))
+    assert not unplaced, f"rooms with no floor in FLOORS: {unplaced}"
+    wrong = []
+    for m, path in sorted(modules.items()):
+        for n in sorted(_imports(path, top_level_only=False)):
+            a, b = _room(m), _room(n)
+            if a != b and floor[b] >= floor[a]:
+                wrong.append(f"{m} -> {n} ({a}: floor {floor[a]}, {b}: floor {floor[b]})")
+    assert not wrong, "imports that do not go down a floor:\n" + "\n".join(wrong)
 
 
 def test_readme_layout_tree_names_every_module():
