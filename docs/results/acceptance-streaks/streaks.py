@@ -1,5 +1,5 @@
 """Does a round that accepted nothing predict another? Per validation chat request, the accept
-length a of every sync round (T = 0, the CPU default verify_min_prob 0.05), and E[a] / P(a > 0)
+length a of every sync round (T = 0, verify_min_prob 0.05, the CPU default then), and E[a] / P(a > 0)
 after k rounds in a row that accepted nothing, and by the drafter's confidence in the verified
 drafts. Greedy, so the figures do not depend on timing (a concurrent job does not change them).
 
@@ -30,8 +30,8 @@ def main(target_dir: str, drafter_dir: str, n: int = 8) -> dict:
         by_streak, by_conf, all_a = collections.defaultdict(list), collections.defaultdict(list), []
         for k, p in enumerate(prompts, 1):
             rounds = []
-            d3d.generate(target, p, max_new_tokens=128, stop_ids=tok.stop_token_ids(), mode="sync", drafter=drafter,
-                         verify_min_prob=0.05, on_round=lambda r: rounds.append((r.accepted, r.confidence)))
+            d3d.generate(target, p, max_new_tokens=128, stop_ids=tok.stop_token_ids(), spec="sync verify_min_prob=0.05",
+                         drafter=drafter, on_round=lambda r: rounds.append((r.accepted, r.confidence)))
             misses = 0
             for a, c in rounds:
                 by_streak[min(misses, 6)].append(a)

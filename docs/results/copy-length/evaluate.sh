@@ -9,6 +9,6 @@ D=${2:-docs/results/copy-length}
 for spec in "humaneval 16" "mtbench 8"; do
   set -- $spec
   python -m bench speculative --target "$T" --drafter models/d3d-drafter-qwen2.5-coder-0.5b --chat \
-    --sets $1 --n $2 --new-tokens 128 --modes ar sync~0.05 sync sync+store \
+    --sets $1 --n $2 --new-tokens 128 --modes ar sync,verify_min_prob=0.05 sync sync,store=0 \
     --datastore data/qwen2.5-coder-answers --out "$D/speculative_$1.json"
 done

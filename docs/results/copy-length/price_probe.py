@@ -22,7 +22,7 @@ for explain in (False, True):
     prompts = chat_prompts(tok, corpus, 0.05, 2, "validation", seed=1234, templates=1, explain=explain)
     for p in prompts:
         rounds = []
-        out = d3d.generate(target, p, max_new_tokens=128, mode="sync", drafter=drafter, verify_min_prob="auto", on_round=rounds.append)
+        out = d3d.generate(target, p, max_new_tokens=128, spec="sync verify_min_prob=auto", drafter=drafter, on_round=rounds.append)
         pr = inst[-1]
         ps = [round(r.min_prob, 3) for r in rounds]
         print(f"explain={explain} rounds {len(rounds)} tau {out.stats.tau:.2f}; min_prob every 8th {ps[::8]}; b {pr.seconds_per_row()*1000:.2f} ms R {pr.rate():.1f} tok/s")

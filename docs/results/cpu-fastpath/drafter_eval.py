@@ -24,7 +24,7 @@ for name in ("code", "humaneval"):
         if kind == "d3d":
             r = measure_tau(target, drafter, prompts, 128)
         else:
-            out = d3d.generate(target, prompts, max_new_tokens=128, mode="dflash", drafter=drafter, stop_ids=[])
+            out = d3d.generate(target, prompts, max_new_tokens=128, spec="dflash", drafter=drafter, stop_ids=[])
             r = {"tau": out.stats.tau, "rounds": out.stats.rounds, "accept_hist": out.stats.accept_hist}
         res.setdefault(kind, {})[name] = {**r, "prompts": len(prompts)}
         print(kind, name, f"tau {r['tau']:.3f} over {r['rounds']} rounds", flush=True)

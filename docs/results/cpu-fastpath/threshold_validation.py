@@ -10,10 +10,10 @@ torch.set_grad_enabled(False)
 t = d3d.load_model(bundled(BUNDLED_TARGET)); dr = d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=t)
 tok = d3d.load_tokenizer(bundled(BUNDLED_TARGET))
 prompts = heldout_prompts(tok, None, 0.05, 12, 64, part="validation")
-modes = {"ar": {}, "sync": dict(mode="sync", drafter=dr)}
+modes = {"ar": {}, "sync": dict(spec="sync", drafter=dr)}
 for th in (0.0, 0.1, 0.2, 0.3, 0.5, 0.7):
-    modes[f"async@{th}"] = dict(mode="async", drafter=dr, successor_threshold=th)
-d3d.generate(t, [1, 2, 3], max_new_tokens=8, mode="async", drafter=dr, stop_ids=[])
+    modes[f"async@{th}"] = dict(spec=d3d.SpecConfig(mode="async", successor_threshold=th), drafter=dr)
+d3d.generate(t, [1, 2, 3], max_new_tokens=8, spec="async", drafter=dr, stop_ids=[])
 tot = {m: [0, 0.0] for m in modes}
 for p in prompts:
     for m, kw in modes.items():

@@ -8,6 +8,6 @@ T=${1:?target directory (bench/get_qwen25_coder.sh)}
 D=${2:-docs/results/datastore}
 for set in code explain; do
   python -m bench speculative --target "$T" --drafter models/d3d-drafter-qwen2.5-coder-0.5b --chat --validation \
-    --sets $set --n 8 --new-tokens 128 --modes ar sync sync+store \
+    --sets $set --n 8 --new-tokens 128 --modes ar sync sync,store=0 \
     --datastore data/qwen2.5-coder-answers --out "$D/validation2_$set.json"
 done

@@ -21,8 +21,8 @@ rules = [(n, cap) for n in (1, 2, 3, 4) for cap in (6, 10, 15)]
 total, rounds = collections.Counter(), 0
 for p in prompts:
     info = []
-    out = d3d.generate(target, p, max_new_tokens=128, stop_ids=tok.stop_token_ids(), mode="sync", drafter=drafter,
-                       verify_min_prob=0.02, leaves=2, lookup=0, on_round=info.append)
+    out = d3d.generate(target, p, max_new_tokens=128, stop_ids=tok.stop_token_ids(), spec="sync verify_min_prob=0.02 leaves=2 lookup=0",
+                       drafter=drafter, on_round=info.append)
     final = p + out.tokens[0]
     ctx = list(p) + [out.tokens[0][0]]
     for r in info:

@@ -34,14 +34,16 @@ PY
 CHOSEN=$(python -c "import json; c = json.load(open('$D/validation_choice.json'))['chosen']; print('$S' if c == 'new' else '$SHIPPED')")
 echo "drafter: $CHOSEN"
 python -m bench speculative --target "$T" --drafter "$CHOSEN" --chat --validation --sets code --n 8 --new-tokens 128 \
-  --modes ar sync~0 sync~0.02 sync~0.05 sync~0.1 sync~0.2 --out "$D/validation_verify.json"
+  --modes ar sync,verify_min_prob=0 sync,verify_min_prob=0.02 sync,verify_min_prob=0.05 \
+  sync,verify_min_prob=0.1 sync,verify_min_prob=0.2 --out "$D/validation_verify.json"
 P=$(python -c "
 import json; r = json.load(open('$D/validation_verify.json'))['results']['code']
 best = max((m for m in r if m.startswith('sync')), key=lambda m: r[m]['tok_s'])
-print(best.partition('~')[2] or '0')")
+print(best.rpartition('=')[2])")
 echo "chosen verify_min_prob: $P"
 python -c "
 import sys; from d3d.files import write_json; from d3d.train.drafter import evaluate_drafter
 write_json('$D/eval.json', evaluate_drafter('$T', '$CHOSEN', chat=True))"
 python -m bench speculative --target "$T" --drafter "$CHOSEN" --chat --sets humaneval mtbench --n 8 --new-tokens 128 \
-  --modes ar sync~0 "sync~$P" async~0 "async~$P" --out "$D/speculative.json"
+  --modes ar sync,verify_min_prob=0 "sync,verify_min_prob=${P:-0}" async,verify_min_prob=0 \
+  "async,verify_min_prob=${P:-0}" --out "$D/speculative.json"

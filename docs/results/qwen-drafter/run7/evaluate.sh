@@ -7,7 +7,7 @@
 #    mean τ over the 16 code and the 16 explain validation requests is higher (validation_choice.json);
 # 3. the figures, on evaluation prompts only, for the chosen drafter: τ on 16 evaluation requests and 16 HumanEval
 #    chat prompts (eval.json), then speed on 16 HumanEval and 8 MT-Bench chat prompts, ar / the drafter alone
-#    (sync+lookup0) / the sync defaults (copied drafts, 2 bonus leaves), one run per set.
+#    (sync,lookup=0) / the sync defaults (copied drafts, 2 bonus leaves), one run per set.
 set -euo pipefail
 T=$1; R=$2; S=$3; D=${DIR:-docs/results/qwen-drafter/run7}
 python -c "
@@ -24,6 +24,6 @@ python -c "
 from d3d.files import write_json; from d3d.train.drafter import evaluate_drafter
 write_json('$D/eval.json', evaluate_drafter('$T', '$CHOSEN', chat=True))"
 python -m bench speculative --target "$T" --drafter "$CHOSEN" --chat --sets humaneval --n 16 --new-tokens 128 \
-  --modes ar sync+lookup0 sync --out $D/speculative_humaneval.json
+  --modes ar sync,lookup=0 sync --out $D/speculative_humaneval.json
 python -m bench speculative --target "$T" --drafter "$CHOSEN" --chat --sets mtbench --n 8 --new-tokens 128 \
-  --modes ar sync+lookup0 sync --out $D/speculative_mtbench.json
+  --modes ar sync,lookup=0 sync --out $D/speculative_mtbench.json
