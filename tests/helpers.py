@@ -63,3 +63,25 @@ def bundled_server(**kw):
     tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)
     mode, drafter, _ = pick_drafter(target, "sync")
     return serve(target, tok, drafter, d3d.SpecConfig(mode), "target-16m", port=0, quiet=True, **kw), target, tok, drafter
+
+
+def real_model_dir(name: str) -> Path:
+    """The converted directory of a real model (``python -m d3d fetch NAME``, in the d3d cache; for the
+    0.5B ``D3D_QWEN25`` may name another). Missing, its tests skip and say how to get it, unless
+    ``D3D_REAL_MODELS`` lists the name (``make test`` fetches the 0.5B first and sets it, so in CI a
+    missing model is a failure, not a silent skip)."""
+    import os
+
+    import pytest
+
+    from d3d.fetch import is_fetched, lookup, model_dir
+
+    name = lookup(name).name
+    if name == "qwen2.5-coder-0.5b" and os.environ.get("D3D_QWEN25"):
+        return Path(os.environ["D3D_QWEN25"])
+    if is_fetched(name):
+        return model_dir(name)
+    why = f"{name} is not fetched (python -m d3d fetch {name}; about a minute per 0.5 GB)"
+    if name in os.environ.get("D3D_REAL_MODELS", "").split(","):
+        pytest.fail(f"D3D_REAL_MODELS requires {name}, but {why}")
+    pytest.skip(why)

@@ -1,6 +1,5 @@
 """The bundled models under models/: they load, generate code-like text, and match transformers."""
 
-import os
 
 import pytest
 import torch
@@ -8,6 +7,7 @@ import torch
 import d3d
 from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, models_dir
 from d3d.decode.config import SpecConfig
+from helpers import real_model_dir
 
 TARGET = models_dir() / BUNDLED_TARGET
 DRAFTER = models_dir() / BUNDLED_DRAFTER
@@ -89,7 +89,6 @@ def test_bundled_qwen_drafter_files():
     assert (QWEN_DRAFTER / "README.md").is_file() and (QWEN_DRAFTER / "eval.json").is_file()
 
 
-@pytest.mark.skipif(not os.environ.get("D3D_QWEN25"), reason="set D3D_QWEN25 to the converted Qwen2.5-Coder directory")
 @pytest.mark.parametrize("weights", ["fp32", "auto", "int8", "int4"])
 def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     """On the weights convert-gguf keeps ("auto": its int8/int5/int4 blocks), dequantized (fp32),
@@ -97,9 +96,10 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     equal ar on two HumanEval chat prompts; leaves are hit and drafts copied there."""
     from d3d.data.prompts import load_prompt_set
 
+    path = real_model_dir("qwen2.5-coder-0.5b")
     monkeypatch.delenv("D3D_WEIGHTS")  # conftest pins dense; "auto" here is the library's default
-    target = d3d.load_model(os.environ["D3D_QWEN25"], weights=weights)
-    tok = d3d.load_tokenizer(os.environ["D3D_QWEN25"])
+    target = d3d.load_model(path, weights=weights)
+    tok = d3d.load_tokenizer(path)
     drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
     prompts = load_prompt_set("humaneval", tok, 2, chat=True)
     ar = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids())
