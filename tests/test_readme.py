@@ -26,3 +26,19 @@ def test_docs_the_readme_links_exist():
 
     for target in re.findall(r"\]\(((?:docs|models)/[^)#]+)", README):
         assert (ROOT / target).exists(), target
+
+
+def test_layout_names_every_cli_command():
+    """The layout's ``__main__.py`` line lists exactly the commands ``python -m d3d`` has (``train-*``
+    standing for the training commands)."""
+    import argparse
+    import re
+
+    from d3d.__main__ import build_parser
+
+    line = re.search(r"^  __main__\.py +CLI: (.*)$", README, re.M).group(1)
+    listed = {name.strip() for name in line.split(",")}
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    commands = {"train-*" if name.startswith("train-") else name for name in sub.choices}
+    assert listed == commands, f"README's __main__.py line: missing {sorted(commands - listed)}, " \
+                               f"not a command {sorted(listed - commands)}"

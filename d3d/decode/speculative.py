@@ -28,9 +28,9 @@ prefix of the committed tokens (only clean tokens are ever kept).
 
 Leaves cost one target row each and no drafting. The likeliest bonuses are what async pre-drafts
 successors for; verifying them instead pays where rows are cheap but compute is saturated (a CPU:
-async's hypotheses passes cost real time there). On the shipped Qwen drafter's validation requests
-the true (a, bonus) is among the 12 likeliest outcomes in 47% of rounds (``async@0/12x4``,
-docs/results/leaves/probe_hypotheses.json).
+async's hypotheses passes cost real time there). How often the true (a, bonus) is among the
+drafter's likeliest outcomes (async with ``successor_threshold=0 hypotheses=12 fanout=4``, the
+shipped Qwen drafter, validation requests): docs/results/leaves/probe_hypotheses.json.
 """
 
 from __future__ import annotations

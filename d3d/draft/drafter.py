@@ -27,13 +27,14 @@ which is lossless (verification decides) but caps acceptance where the target us
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from ..model.cache import KVCache, branches
-from ..model.checkpoint import SHARED_EMBEDDINGS, parse_dtype, read_state, save_model
+from ..model.checkpoint import SHARED_EMBEDDINGS, load_embeddings, parse_dtype, read_state, save_model
 from ..model.config import ModelConfig
 from ..kernels.denoise import denoise_step
 from ..model.transformer import Transformer, quant_linear
@@ -51,7 +52,8 @@ class DrafterConfig:
     mask_token_id: int = 0
     target_vocab: int = 0
     denoise_steps: int = 1
-    shared_embeddings: bool = False  # embedding and LM head are the target's (not in the file)
+    shared_embeddings: bool = False  # embedding and LM head are borrowed (not in the file): the target's, or
+    embeddings_from: str = ""  # ... a real model's (``d3d.fetch``), whatever the target: the drafter stands alone
     rule: str = "threshold"  # how multi-step denoising picks positions to commit
     threshold: float = 0.9
     draft_vocab_size: int = 0  # K > 0: the head scores only K target ids (``d3d.draft_vocab``)
@@ -70,6 +72,8 @@ class DrafterConfig:
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size}: must be >= 0 (0 = the full vocabulary)")
         if self.draft_vocab_size and not self.shared_embeddings:
             raise ValueError("draft_vocab_size needs shared_embeddings (the head is a subset of the target's)")
+        if self.embeddings_from and not self.shared_embeddings:
+            raise ValueError("embeddings_from needs shared_embeddings (it names where they are borrowed from)")
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig, source: str = "config.json") -> "DrafterConfig":
@@ -276,8 +280,10 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
                  weights: str = "auto") -> Drafter:
     """Load a drafter directory (HF-style ``config.json`` with a ``d3d`` section + safetensors).
 
-    With ``shared_embeddings`` the file holds no embedding/LM head: they are the ``target``'s
-    (which is then required). The drafter's vocabulary must match the target's.
+    With ``shared_embeddings`` the file holds no embedding/LM head: they are borrowed from the real
+    model ``embeddings_from`` names (fetched once where missing; the target's own where it is that
+    model), so the drafter fits any target with its vocabulary, or else from the ``target`` (which
+    its width must match). The drafter's vocabulary must match the target's.
     weights: ``"auto"`` follows the target: next to a quantized target the drafter's matrices are
     quantized too (int4 beside an int4 target, else int8; a drafter stored as int8 keeps its own
     scales), else dense; or ``"int8"``, ``"int4"``, ``"dense"``.
@@ -293,10 +299,10 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
             raise ValueError(
                 f"{source}: drafter vocabulary ({cfg.vocab_size}, target_vocab={dcfg.target_vocab}) does not "
                 f"match the target's vocab_size={target.cfg.vocab_size}")
-        if dcfg.shared_embeddings and (cfg.hidden_size != target.cfg.hidden_size):
+        if dcfg.shared_embeddings and not dcfg.embeddings_from and cfg.hidden_size != target.cfg.hidden_size:
             raise ValueError(f"{source}: shared embeddings need the target's hidden_size "
                              f"{target.cfg.hidden_size}, drafter has {cfg.hidden_size}")
-    elif dcfg.shared_embeddings:
+    elif dcfg.shared_embeddings and not dcfg.embeddings_from:
         raise ValueError(f"{source}: this drafter shares the target's embeddings; pass target=")
     device = torch.device(device) if device is not None else (target.device if target is not None else torch.device("cpu"))
     dtype = parse_dtype(dtype) or (target.dtype if target is not None else resolve_dtype("auto", device, cfg.torch_dtype))
@@ -312,15 +318,15 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
         w = state.pop(name)
         model.set_weight(name, w if is_quantized(w) else quantize(w, fmt))
     state = {k: v.to(device, dtype) for k, v in state.items()}
-    if dcfg.shared_embeddings:
-        model.embed_tokens = target.embed_tokens
-        model.lm_head = target.lm_head if not cfg.tie_word_embeddings else None
-        if cfg.tie_word_embeddings != target.cfg.tie_word_embeddings:
-            raise ValueError(f"{source}: tie_word_embeddings must match the target's when sharing embeddings")
+    lender = borrowed_embeddings(dcfg, cfg, target, source) if dcfg.shared_embeddings else None
+    if lender is not None:
+        model.embed_tokens = lender.embed_tokens
+        if not cfg.tie_word_embeddings:  # the target's own head module (packed once), or one over the lender's
+            model.lm_head = lender.lm_head if isinstance(lender, Transformer) else head_linear(lender.output_weight())
     vocab_map = None
     if K:
         vocab_map = check_draft_vocab(extra[DRAFT_VOCAB], cfg.vocab_size, f"{source}: tensor {DRAFT_VOCAB!r}").to(device)
-        model.lm_head = draft_head(target, vocab_map)
+        model.lm_head = draft_head(lender, vocab_map)
     model.load_state_dict(state, strict=False, assign=True)
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
@@ -355,19 +361,48 @@ def drafter_weights(weights: str, target: Transformer | None, device) -> str | N
     return None if weights == "dense" else weights
 
 
-def draft_head(target: Transformer, vocab_map: torch.Tensor) -> torch.nn.Linear:
-    """An LM head over the drafting vocabulary: the target's output rows for ``vocab_map`` (a copy)."""
-    if is_quantized(target.output_weight()):
-        return quant_linear(target.output_weight().select(vocab_map))
-    w = target.output_weight().detach()[vocab_map.to(target.device)].clone()
+def borrowed_embeddings(dcfg: DrafterConfig, cfg: ModelConfig, target: Transformer | None, source: str):
+    """Where a drafter with ``shared_embeddings`` takes its embedding and head rows from: the real model
+    ``embeddings_from`` names (the target itself where it was loaded from there), else the target."""
+    if not dcfg.embeddings_from:
+        if target is not None and cfg.tie_word_embeddings != target.cfg.tie_word_embeddings:
+            raise ValueError(f"{source}: tie_word_embeddings must match the target's when sharing embeddings")
+        return target
+    from ..fetch import fetch, is_real_model
+
+    if not is_real_model(dcfg.embeddings_from):
+        raise ValueError(f"{source}: embeddings_from={dcfg.embeddings_from!r} is not a real model d3d knows")
+    path = fetch(dcfg.embeddings_from, log=lambda m: print(f"d3d: {m}", file=sys.stderr, flush=True)).resolve()
+    lender = target if target is not None and target.source == path else load_embeddings(path)
+    width = lender.output_weight().shape[1]
+    if width != cfg.hidden_size:
+        raise ValueError(f"{source}: {dcfg.embeddings_from}'s embeddings are {width} wide, the drafter "
+                         f"{cfg.hidden_size}")
+    return lender
+
+
+def head_linear(w) -> torch.nn.Module:
+    """An LM head module over the matrix ``w`` (quantized or dense)."""
+    if is_quantized(w):
+        return quant_linear(w)
     head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
     head.weight = torch.nn.Parameter(w, requires_grad=False)
     return head
 
 
+def draft_head(lender, vocab_map: torch.Tensor) -> torch.nn.Module:
+    """An LM head over the drafting vocabulary: the output rows for ``vocab_map`` (a copy) of the
+    model the embeddings are borrowed from (a ``Transformer`` or ``load_embeddings``')."""
+    w = lender.output_weight()
+    if is_quantized(w):
+        return quant_linear(w.select(vocab_map))
+    return head_linear(w.detach()[vocab_map.to(w.device)].clone())
+
+
 def save_drafter(drafter: Drafter, path: str | Path, dtype=None, int8: bool = False) -> None:
     """Write a drafter directory; shared embeddings are left out of the file. ``int8``: matrices
-    as int8 + per-row scale (``d3d.model.checkpoint.quantize_int8``), dequantized on load."""
+    as int8 + a per-row scale (``save_model``'s ``int8``: ``d3d.cpu.quant.quantize``); ``load_drafter``
+    keeps them quantized beside a quantized target and dequantizes them otherwise (its ``weights``)."""
     path = Path(path)
     save_model(drafter.model, path, dtype=dtype,
                exclude=("model.embed_tokens.weight", "lm_head.weight") if drafter.dcfg.shared_embeddings else (),

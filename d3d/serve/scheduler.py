@@ -41,7 +41,7 @@ IDLE_SECONDS = 30.0  # a group idle this long releases its caches (slots x conte
 
 class Job:
     """One request: its events (("text", delta, info) ..., then ("done", finish, n) or ("error", message, status)),
-    whether its client has gone, and what the decoding thread keeps for it."""
+    whether its client has gone, and what the decoding loop keeps for it."""
 
     def __init__(self, req: Request, mode: str, tok, events=None):
         """``events``: where the events go (anything with ``put``; default a ``queue.Queue``)."""
@@ -123,8 +123,8 @@ class Scheduler:
     def run(self) -> None:
         """Decode until ``stop`` is set and every request taken is answered. Run it on the thread that
         loaded the models where it matters: once two threads have run torch's OpenMP work, each op of
-        the second costs ~2-3x as much on a 2-core CPU (libgomp's thread pools; 1-row bf16 linear 25 ->
-        75 us), which is why ``d3d serve`` decodes on its main thread."""
+        the second costs several times as much on a 2-core CPU (libgomp's thread pools; docs/design.md
+        §9), which is why ``d3d serve`` decodes on its main thread."""
         while not (self.stop.is_set() and self.idle() and self.jobs.empty()):
             arrived = []
             if self.idle():  # nothing in flight: wait for a request (and look at ``stop`` now and then)
