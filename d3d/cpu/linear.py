@@ -3,28 +3,18 @@
 ``F.linear`` hands the CPU library a plain row-major weight on every call, and the library
 re-blocks it on the fly. oneDNN can instead keep a weight in its own blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``, what torch.compile's CPU backend uses after
-freezing) and multiply with it directly (``torch.ops.mkldnn._linear_pointwise``). Measured on the
-skinny matmuls of decoding (AMD EPYC Zen 5 with avx512_bf16, 2 threads, torch 2.13; us, packed vs
-F.linear):
-
-    bf16  2048x384   M=1  36 vs 66    M=16   75 vs 104     (bit-identical to F.linear)
-    bf16  8192x384   M=1  53 vs 118   M=16  125 vs 195
-    bf16  4864x896   M=1  66 vs 151   M=16  167 vs 264
-    fp32  8192x384   M=1  99 vs 181   M=16  249 vs 1327    (differs from F.linear by ~1 ulp)
-
+freezing) and multiply with it directly (``torch.ops.mkldnn._linear_pointwise``). On the skinny
+matmuls of decoding that is faster than ``F.linear`` at 1 and at 16 rows, bit-identical to it in bf16
+and within an ulp in fp32 (docs/results.md, "Measurements behind the code"),
 and a packed weight gives each row the same result whatever the number of rows M (checked for
 M = 1..48 at reduction sizes up to 1024): a 16-token verification pass and 16 one-token steps
 round alike, which is what keeps low-precision speculative decoding token-exact.
 
 fp32 on AVX2 CPUs without AVX-512 takes the panels of ``d3d.kernels.skinny`` instead (row-invariant
 for every M by construction; ``D3D_CPU_MATMUL=onednn|panels`` overrides): there oneDNN's fp32 kernels
-stream weights slowly at 2-8 rows, the rows of a verification pass. The 0.5B target, fp32, 2-core AVX2
-EPYC, one pass over n new tokens after 200 cached ones, median ms, layouts interleaved
-(docs/results/panels/passes.json, ``python -m bench passes --cpu-matmul panels onednn``):
-
-    rows        1      2      4      6      8     16
-    oneDNN    136    152    170    190    199    247
-    panels    103    111    114    110    144    177
+stream weights slowly at 2-8 rows, the rows of a verification pass: the panels' passes of the 0.5B
+target cost less at every row count (docs/results/panels/passes.json, ``python -m bench passes
+--cpu-matmul panels onednn``).
 
 The packed copy is a second copy of every matrix (the plain weight stays: training, saving, the
 embedding lookup and ``d3d.decode.packed`` read it); ``Transformer.pack_for_cpu`` makes it at load time
@@ -86,7 +76,7 @@ class PackedWeight:
 @functools.cache
 def packs(dtype: torch.dtype) -> bool:
     """Whether oneDNN packs weights of ``dtype`` on this CPU. bf16 needs avx512bw/vl/dq or
-    avx_ne_convert: an AVX2-only AMD EPYC refuses it ("bf16 path needs the cpu support ..."), and
+    avx_ne_convert: an AVX2-only CPU refuses it ("bf16 path needs the cpu support ..."), and
     there bf16 runs unpacked through ``F.linear`` (slowly: fp32 is the dtype policy's choice there)."""
     if dtype not in (torch.float32, torch.bfloat16) or not available():
         return False

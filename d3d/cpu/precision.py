@@ -1,11 +1,9 @@
 """The dtype policy: bf16 where the CPU multiplies bf16 fast, fp32 elsewhere (``dtype="auto"``).
 
 Why a policy and not a constant: the development CPUs change between machines and the fast
-dtype changes with them (docs/design.md §9). Measured with ``F.linear`` 896 -> 9728, 16 rows:
-
-    Intel Xeon, AMX           bf16 0.90 ms   fp32 2.67 ms    (16 rows cost what 1 row does)
-    AMD EPYC Zen 5, avx512_bf16  bf16 0.74 ms   fp32 3.92 ms
-    AMD EPYC, AVX2 only       bf16 7-8x slower than fp32 (emulated)
+dtype changes with them (docs/design.md §9). Where the CPU has bf16 matmul instructions (AMX,
+avx512_bf16) a 16-row bf16 ``F.linear`` costs a fraction of fp32's; where it has none, bf16 is
+emulated and several times slower than fp32 (the timings per CPU: docs/results.md, "Measurements behind the code").
 
 Speculative verification runs 16-row passes, so bf16 is what makes it nearly free where the
 hardware has it. The decision:

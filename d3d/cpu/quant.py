@@ -151,10 +151,10 @@ def int8_activations(k: int, group: int) -> bool:
     """Whether a matrix multiplies int8-quantized activations (``kernels.quant.matmul_vnni``: per row
     and group of 32, integer dot products) instead of fp32 ones (``kernels.quant.matmul``: bit-equal
     to the fp32 model). ``D3D_QUANT_ACTIVATIONS`` = ``fp32``, ``int8`` or ``auto`` (the default):
-    int8 where the CPU has AVX-512 VNNI, VBMI and BITALG. Chosen on the real model (AMD Zen 5, 2 cores,
-    docs/results/quant/): a decoding step 20.9 -> 17.4 ms (passes.json and its first version);
-    validation requests, the defaults (which then verify with ``exact`` attention,
-    ``d3d.decode.engines.generate``): code 61.0 -> 74.7 tok/s, explanations 43.0 -> 53.6. Its accuracy cost: docs/results/quant/quality_qwen25.json."""
+    int8 where the CPU has AVX-512 VNNI, VBMI and BITALG. Chosen on the real model: shorter decoding
+    steps and faster validation requests with the defaults (which then verify with ``exact``
+    attention, ``d3d.decode.engines.generate``; docs/results/quant/README.md, passes.json). Its
+    accuracy cost: docs/results/quant/quality_qwen25.json."""
     choice = os.environ.get("D3D_QUANT_ACTIVATIONS", "auto")
     if choice not in ACTIVATIONS:
         raise ValueError(f"D3D_QUANT_ACTIVATIONS={choice!r}: expected one of {', '.join(ACTIVATIONS)}")
@@ -168,9 +168,8 @@ def int8_activations(k: int, group: int) -> bool:
 
 def int5_kept() -> bool:
     """Whether int5 stays int5 in memory: on CPUs with AVX-512 (BW, VL) its unpacking costs about
-    what the bytes it saves do (one 9728 x 896 matrix, 2 threads, AMD Zen 5: 0.25 ms vs int8's 0.24
-    at 1 row); the AVX2 code unpacks it at half int8's speed (0.58 vs 0.34 ms), so there int5 is
-    widened to int8 at load (exact). docs/results/quant/kernels.txt."""
+    what the bytes it saves do; the AVX2 code unpacks it much slower than int8, so there int5 is
+    widened to int8 at load (exact). Per-matrix timings: docs/results/quant/kernels.txt."""
     return {"avx512bw", "avx512vl"} <= cpu_flags()
 
 

@@ -175,7 +175,7 @@ def defaults(device: torch.device, mode: str, exact: bool = False, int8_activati
         "fanout": 3 if cuda else 1,
         # CPU: the pass's seconds over the sync draft's, measured (docs/results/async-hypotheses/validation_threshold_auto_*.json)
         "successor_threshold": 0.0 if cuda else "auto",
-        "overlap": "stream" if cuda else "none",  # d3d/decode/overlap.py: none 1.65x, packed 1.60x (bundled, Zen 5)
+        "overlap": "stream" if cuda else "none",  # d3d/decode/overlap.py; docs/results.md, "How each default was chosen"
     }
 
 

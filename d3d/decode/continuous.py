@@ -8,16 +8,15 @@ new prompt's prefill rides in the same packed pass as the other rows' one-token 
 layout allows any mix of per-row lengths; ``d3d.model.cache.make_layout``), so every pass carries
 ``slots`` sequences until the queue runs dry. The prompts' common prefix is computed once.
 
-Measured (``python -m bench answers``, ``docs/results/continuous/``: 256 chat requests, 160-token cap,
-Qwen2.5-Coder-0.5B bf16, 2-core AMD EPYC): refilling alone 1.09x over fixed batches of 64 (244 vs
-224 answer tok/s), the shared prefix another 1.09x (260 vs 238), 1.17x in all. Little, because this
-CPU is compute-bound at 64 rows: a half-empty pass costs about half as much (32 or 128 slots: 222
-and 235 tok/s), and prefill is ~46% of the tokens a request costs.
+Refilling and the shared prefix each gain a little over fixed batches (``python -m bench answers``;
+figures in docs/results/continuous/README.md). Little, because a 2-core CPU is compute-bound at 64
+rows: a half-empty pass costs about half as much, and prefill is a large share of the tokens a
+request costs.
 
 Output equals ar ``generate`` on each prompt alone, token for token in fp32 (``tests/test_continuous.py``);
 in low precision a row's logits can differ in the last bits with the batch around it, as they do
-in any batched decoding (bf16, 256 requests: 256/256 answers equal to fixed batches' without the
-shared prefix, 232/256 with it, whose K/V come from a pass of another shape).
+in any batched decoding (bf16: all answers equal to fixed batches' without the shared prefix, most
+with it, whose K/V come from a pass of another shape; docs/results/continuous/README.md).
 """
 
 from __future__ import annotations

@@ -16,16 +16,14 @@ product falls below it, and a chain whose c_1 is below ``min_confidence`` is not
 drafts that row). Like any draft it is verified, so the output stays the target's.
 
 Offline probe (``docs/results/datastore/probe.py``; index: the store's first 23,224 answers, 2.50M
-tokens; probe: the target's answers to requests about other functions, walked as the engine would):
-outside the rounds a context copy takes, the store proposes a chain in 43-61% of rounds, accepting
-1.26 drafts a round on code answers and 1.02 on explanations (0.62-0.65 on tests and reviews);
-chains with c_1 >= 0.7 accept 1.36-1.52, those with c_1 < 0.3 fewer than 0.3. The drafter's rounds
-accept ~0.7-1.1 drafts on validation requests and cost a drafter pass; a store lookup costs ~1 ms.
-On 8 validation requests per set (Qwen2.5-Coder-0.5B, the committed store, fp32 on a 2-core AVX2
-CPU, one run each; docs/results/datastore/): sync 1.73x -> 1.79x of ar on code, 1.07x -> 1.14x on
-explanations, at about the same τ, by skipping half the drafter passes. With raw shares as
-estimates (prior 0) and no leaves it had lost (1.91x -> 1.61x, 1.10x -> 0.99x): chains backed by one
-occurrence claimed certainty and 8-10 drafts a round were verified.
+tokens; probe: the target's answers to requests about other functions, walked as the engine would;
+figures in docs/results/datastore/README.md): outside the rounds a context copy takes, the store
+proposes a chain in about half the rounds; chains with a high c_1 accept more drafts than the
+drafter's rounds do, those with a low one few, and a store lookup costs far less than a drafter
+pass. On validation requests (docs/results/datastore/) sync with the store is a little faster than
+without on code and explanations, at about the same τ, by skipping half the drafter passes. With
+raw shares as estimates (prior 0) and no leaves it had been slower: chains backed by one occurrence
+claimed certainty and 8-10 drafts a round were verified.
 
 Index: the store's tokens (answers, each followed by a separator) and the positions of every token
 sorted by the ``max_ngram`` tokens that start there (stable sorts, least significant first); the

@@ -64,10 +64,10 @@ def lookup_copy(context: list[int], min_ngram: int, max_len: int, max_ngram: int
 
     context: the committed tokens (prompt + output), the last one the anchor.
 
-    A plain scan, most recent position first: with no match (the worst case) 0.17 ms for 300 tokens
-    of context and 2.5 ms for 4,000 (AMD EPYC Zen 5, docs/results/lookup/scan_cost.txt); small beside
-    a CPU round (~60 ms for the 0.5B target). An index of n-grams kept per sequence would make it constant per round, for long
-    contexts on a GPU.
+    A plain scan, most recent position first: even with no match (the worst case) over thousands
+    of tokens of context it is small beside a CPU round of the 0.5B target
+    (docs/results/lookup/scan_cost.txt). An index of n-grams kept per sequence would make it
+    constant per round, for long contexts on a GPU.
     """
     if min_ngram < 1 or max_len < 1:
         raise ValueError(f"lookup: min_ngram and max_len must be >= 1, got {min_ngram}, {max_len}")

@@ -13,26 +13,22 @@ copied chains) falls below that threshold, ``verify_min_prob``. A fixed one (0.0
 on one machine; ``RowPrice`` measures both factors as the generation runs instead, so the cut follows
 the machine, the dtype and the text:
 
-    AMD EPYC Zen 5, avx512_bf16, bf16 (docs/results/qwen-drafter/run3): a 16-row pass 77 ms, a 3-row
-    one 49 ms: b ~ 2 ms; sync at ~24 tok/s: R * b ~ 0.05 — the fixed value validation had picked
-    (0.05 1.38x, 0.1 1.35x, 0.2 1.22x of ar).
-    AMD EPYC, AVX2 only, fp32 (bench passes: 1 row 129 ms, 16 rows 278 ms): b measured 8-9 ms; R 9-30
-    tok/s, so R * b ~ 0.05 on prose and 0.1-0.27 on code the answer copies. There copied chains had
-    been verified 15 long (confidence 1) whatever their match; offline, cutting them at 0.2 gave the
-    copied rounds 22.3 tok/s instead of 18.5 (docs/results/copy-length/probe.txt). On validation
-    requests, fixed 0.05 -> auto: code 1.71x / 1.74x -> 1.69x / 1.74x, explanations 1.11x / 1.16x ->
-    1.16x / 1.26x of ar, two runs (docs/results/copy-length/).
+    bf16 on a CPU with bf16 matmuls (docs/results/qwen-drafter/run3): R * b came out at the fixed
+    value validation had picked.
+    fp32 on an AVX2-only CPU (bench passes; docs/results/copy-length/): rows cost more, and R * b is
+    higher on code the answer copies than on prose. There copied chains had been verified 15 long
+    (confidence 1) whatever their match; offline, cutting them sped the copied rounds up
+    (docs/results/copy-length/probe.txt). On validation requests auto was as fast as the fixed 0.05
+    on code and faster on explanations (docs/results/copy-length/, two runs).
     AMX, or a GPU (expected, unmeasured): b ~ 0, every draft verified.
 
 The drafter pass itself has a price, so rounds that draft and plain steps (empty drafts; copied ones
 still verified) are timed and the faster kind taken (``RowPrice.draft``). Rounds whose every row had a
 copied draft count as neither: copies are cheap and long, and crediting them to plain steps had made
 code fall back to steps. The other kind is probed after 8 rounds, then twice as long after each probe
-that changed nothing (at most 64). Batches, Qwen2.5-Coder-0.5B, 16 validation chat requests a set,
-2-core Zen 5 (docs/results/serve/gate_validation.json): code 1.02x -> 1.11x of ar at 4 rows, 0.74x ->
-0.90x at 16; explanations 0.84x -> 0.89x and 0.72x -> 0.88x. One sequence, 6 + 6 validation chat
-requests, two runs (docs/results/gate-batch1/validation_*_without_copies_*.json): code 1.50x / 1.53x ->
-1.61x / 1.43x of ar, explanations 0.93x / 0.89x -> 0.97x / 0.98x.
+that changed nothing (at most 64). What the choice gained: in batches of 4 and 16 rows
+(docs/results/serve/gate_validation.json) and for one sequence
+(docs/results/gate-batch1/validation_*_without_copies_*.json), on validation chat requests.
 
 b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
 rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio

@@ -120,8 +120,8 @@ class DFlashDrafter(nn.Module):
 
         The blocks' own K/V are not cached (given to attention beside the context cache); q/k norm
         and RoPE are the target-shaped layers' own (``Attention.qkv``); on the CPU the attention
-        plan is built once per pass, not per layer (measured before: 5.6 ms per draft, twice the
-        D3D drafter's 2.7 ms for the same layer count)."""
+        plan is built once per pass, not per layer (per layer it had cost a draft twice the D3D
+        drafter's time for the same layer count: docs/results.md, "Measurements behind the code")."""
         cfg = self.cfg
         cos, sin = self.model.rope()
         cos, sin = cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1)

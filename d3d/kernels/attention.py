@@ -533,8 +533,8 @@ def _tile_config(head_dim: int, max_seqlen: int, dtype: torch.dtype) -> tuple[in
     Query tiles never exceed the longest sequence rounded up to a power of two (a verification
     pass has 16 new tokens per sequence: one 16-row tile, not a 128-row one mostly masked).
     fp32 tiles are halved: twice the bytes per element, in shared memory and registers.
-    Under the interpreter each program costs about 1 ms regardless of tile size, so tiles are
-    kept at the minimum dot size (16) to exercise multi-tile paths with short test sequences.
+    Under the interpreter each program costs the same whatever its tile size, so tiles are kept at
+    the minimum dot size (16) to exercise multi-tile paths with short test sequences.
     """
     if interpreting():
         return 16, 16, 1, 1

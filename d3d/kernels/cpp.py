@@ -2,7 +2,7 @@
 
 Triton has no CPU backend outside the interpreter, so the CPU matmuls of decoding are small C++
 files compiled by ``torch.utils.cpp_extension`` with the system compiler the first time they are
-needed (~35 s on 2 cores; cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+needed (tens of seconds a kernel; cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
 A build says so on stderr when it starts and when it ends, so that a first run does not sit in
 silence; ``python -m d3d build-kernels`` builds them ahead of time. Where the CPU lacks
 the instructions or the build fails, ``build`` returns why, and the caller keeps a torch path.

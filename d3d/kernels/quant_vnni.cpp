@@ -160,8 +160,8 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
 }
 
 // Rows per tile: 4 rows x 2 panels keep 16 accumulators, 16 sums and the unpacked weights in the 32
-// registers (8 rows x 1 panel broadcast each row's activations once per panel: slower). A 9728 x 896
-// matrix, 2 threads, AMD Zen 5: docs/results/attention-cpu/kernels.txt.
+// registers (8 rows x 1 panel broadcast each row's activations once per panel: slower; a 9728 x 896
+// matrix: docs/results/attention-cpu/kernels.txt).
 constexpr int64_t MR_MAX = 4;
 
 template <int BITS, bool HALF, int A>

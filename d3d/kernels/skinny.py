@@ -7,8 +7,7 @@ M-row product equals the 1-row product of that row bit for bit, for every M.
 
 Why a C++ kernel beside the Triton ones: Triton has no CPU backend outside the interpreter, and
 oneDNN's fp32 kernels use the memory bus poorly at 2-8 rows, the verification passes of speculative
-decoding (2-core AVX2 EPYC, gate-up 9728x896 from DRAM, GB/s of weights streamed: 4 rows 27.6 vs
-oneDNN's 20.0, 8 rows 20.9 vs 16.2, 1 row 25.6 vs 27.6). The extension is compiled on first use with
+decoding (GB/s of weights streamed, panels vs oneDNN: docs/results.md, "Measurements behind the code"). The extension is compiled on first use with
 the system C++ compiler (``d3d.kernels.cpp``); where that fails, ``available()`` says why and d3d keeps oneDNN.
 
 Torch reference: ``F.linear`` (same value up to rounding). Loop oracle: ``naive.skinny_matmul_reference``.

@@ -1,8 +1,8 @@
 // Row-invariant fp32 matmul for the few-row passes of decoding on AVX2 CPUs: y = x W^T.
 //
-// Why: oneDNN's fp32 kernels reach ~40% of this CPU's peak at 2-8 rows (2-core AVX2 EPYC: an
-// 8-row pass of the 0.5B target costs ~2.3x a 1-row pass although both stream the same 2 GB of
-// weights), which is the price of every verification pass. Here each 16-column panel of W is
+// Why: oneDNN's fp32 kernels reach well under half of an AVX2 CPU's peak at 2-8 rows (an 8-row
+// pass of the 0.5B target costs over twice a 1-row pass although both stream the same weights;
+// docs/results.md, "Measurements behind the code"), which is the price of every verification pass. Here each 16-column panel of W is
 // streamed from memory once per pass and used for up to 6 rows at a time from registers.
 //
 // Layout: W [N, K] is packed into panels P [ceil(N/16), K, 16] (panel p, step k holds

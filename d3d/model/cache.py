@@ -247,8 +247,7 @@ class KVCache:
 
         ``row_invariant``: on the torch path each query row of a causal run is attended alone,
         exactly as a one-token step would (bit-identical verification in low precision, at the
-        cost of one attention call per row: +1.6 ms for a 16-token pass of the bundled target
-        after 200 cached tokens, 4.9 vs 3.3 ms, bf16, AMD EPYC Zen 5)."""
+        cost of one attention call per row: docs/results.md, "Measurements behind the code")."""
         rows = list(range(len(lens))) if rows is None else list(rows)
         if len(set(rows)) != len(rows):
             raise ValueError(f"rows must be distinct when writing to the cache, got {rows}")

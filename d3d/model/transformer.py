@@ -8,12 +8,14 @@ causal forward returning ``[batch, seq, vocab]``.
 Shapes: T = packed new tokens, d = hidden, H/Hkv = query/KV heads, D = head_dim.
 
 Two projections are fused for speed (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``):
-on a CPU with a small model every matmul call costs ~10 us of overhead whatever its size, and
-fusing cuts 7 matmuls per layer to 4. The checkpoint name map in ``d3d.model.checkpoint`` splits and
+on a CPU with a small model every matmul call costs a fixed overhead whatever its size, and
+fusing cuts 7 matmuls per layer to 4 (docs/results.md, "Measurements behind the code"). The checkpoint name map in ``d3d.model.checkpoint`` splits and
 joins them, so files keep the Hugging Face names.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +35,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
     On CPU, without autograd, as LayerNorm of [x, -x]: that vector has mean 0 and variance
     mean(x^2), so the first half of LayerNorm's output (weight [w, 0]) is RMSNorm's. Why: torch's
-    CPU ``layer_norm`` is one fused kernel while ``rms_norm`` runs as a chain of small ops; a
-    bundled-target pass went from 2.53 to 2.28 ms at T=1 (bf16, interleaved A/B, AMD EPYC Zen 5).
+    CPU ``layer_norm`` is one fused kernel while ``rms_norm`` runs as a chain of small ops, which
+    shortened a bundled-target pass (docs/results.md, "Measurements behind the code").
     """
     d = x.shape[-1]
     if x.is_cuda or torch.is_grad_enabled():
@@ -214,6 +216,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.source: Path | None = None  # the checkpoint directory it was loaded from, if any
 
     # ---------------------------------------------------------------- helpers
 
@@ -259,13 +262,13 @@ class Transformer(nn.Module):
     @property
     def cache_dtype(self) -> torch.dtype:
         """The KV cache's dtype, and so attention's: the model's, except fp32 on CPU, where SDPA in
-        bf16 is 3.5x (64 cached keys) to 9x (500 keys) slower than in fp32 for one query
-        (23.7 vs 6.8 us, 153 vs 16 us; AMD EPYC Zen 5, torch 2.13) and fp32 attention is exact."""
+        bf16 is several times slower than in fp32 for one query (docs/results.md, "Measurements behind the code") and fp32
+        attention is exact."""
         return torch.float32 if self.device.type == "cpu" else self.dtype
 
     def pack_for_cpu(self) -> "Transformer":
-        """Prepack every matrix for CPU inference (``d3d.cpu.linear``: 1.3-5x faster skinny
-        matmuls, a second copy of the weights); a no-op off CPU or without oneDNN."""
+        """Prepack every matrix for CPU inference (``d3d.cpu.linear``: faster skinny matmuls, a
+        second copy of the weights); a no-op off CPU or without oneDNN."""
         for module in self.modules():
             if isinstance(module, nn.Linear) and isinstance(module.weight, torch.Tensor):
                 cpu_linear.pack(module.weight)

@@ -9,9 +9,9 @@ changes no supervised logit, hence neither the loss nor its gradient (tests asse
 Chat rows gain most: a prompt is context, not supervision, and short rows are right-padded. On
 the Qwen2.5-Coder chat data (5,600 rows of 256 tokens) a batch of 8 pads to its longest row: 404
 of 512 positions a row when rows are drawn at random, 320 when drawn from 128 rows of similar
-length (``grouped_batch``); a training step of the 2-layer drafter took 1.30x / 1.62x less time
-on average than the full pass (docs/results/qwen-drafter/compact_probe.json, 8 steps each,
-interleaved).
+length (``grouped_batch``); a training step of the 2-layer drafter then takes less time than the
+full pass, the more so with grouped rows (docs/results/qwen-drafter/compact_probe.json, 8 steps
+each, interleaved).
 """
 
 from __future__ import annotations

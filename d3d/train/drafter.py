@@ -214,8 +214,8 @@ def make_teacher_data(target: Transformer, tok: Tokenizer, corpus_root: str | No
 
 def labelling_model(target_dir: str, fp32_target: Transformer) -> Transformer:
     """The target that writes the training data: in the dtype policy's choice (bf16 where the CPU
-    multiplies bf16 fast — what the target runs in at inference there, and 2-3x faster to
-    generate with), else the fp32 copy already loaded."""
+    multiplies bf16 fast — what the target runs in at inference there, and faster to generate
+    with: docs/results/real-drafter/labelling_throughput.json), else the fp32 copy already loaded."""
     if resolve_dtype("auto", fp32_target.device) == torch.float32:
         return fp32_target
     return load_model(target_dir)

@@ -186,8 +186,8 @@ def autocast_context(compute_dtype: str, device: torch.device):
     """A context factory: bf16 autocast when ``compute_dtype`` (or, for "auto", the dtype policy of
     ``d3d.cpu.precision``) says bf16, else nothing. Weights, optimizer state and the loss stay fp32.
 
-    Measured: a training step of the 12.6M bundled-target shape (batch 16 x 256) took 2.67-2.87 s
-    in fp32 and 0.91-1.25 s under bf16 autocast (AMD EPYC Zen 5 with avx512_bf16, 2 threads)."""
+    On a CPU with bf16 matmuls a training step under bf16 autocast takes a fraction of fp32's
+    (docs/results.md, "Measurements behind the code")."""
     dtype = resolve_dtype(compute_dtype, device)
     if dtype == torch.float32:
         return contextlib.nullcontext
