@@ -15,7 +15,7 @@ from pathlib import Path
 from .assets import BUNDLED_TARGET, models_dir
 from .cpu.linear import matmul_path
 from .decode.engines import generate
-from .decode.config import default_mode
+from .draft.pick import default_mode
 from .draft.pick import pick_drafter
 from .model.checkpoint import load_model
 from .model.tokenizer import StreamPrinter, load_tokenizer

@@ -17,7 +17,8 @@ import time
 import torch
 
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, INSTALL_HINTS, models_dir
-from .cpu.precision import auto_dtype, cpu_flags, llc_bytes
+from .cpu.precision import auto_dtype
+from .hardware import cpu_flags, llc_bytes
 from .kernels import attention_cpu, quant, skinny
 
 # (what, source, whether this machine has it, why not, what d3d does without it)
@@ -155,7 +156,8 @@ def real_models() -> list[str]:
 
 def modes() -> list[str]:
     """What each ``generate`` mode would use with the bundled pair here (loads the 16M target)."""
-    from .decode.config import SpecConfig, default_mode
+    from .decode.config import SpecConfig
+    from .draft.pick import default_mode
     from .model.checkpoint import load_model
     from .cpu.linear import matmul_path
 
@@ -167,7 +169,7 @@ def modes() -> list[str]:
              f"  ar      {target.weights} weights, matmuls: {matmul_path(target)}"]
     for mode in ("sync", "async"):
         s = SpecConfig(mode).resolve(target.device, target.int8_activations,
-                                     attention_cpu.row_invariant(target.device))
+                                     attention_cpu.row_invariant(target.device, target.cfg))
         used = {"sync": ("lookup", "leaves", "verify_min_prob", "exact"),
                 "async": ("overlap", "hypotheses", "fanout", "successor_threshold", "leaves", "lookup", "exact")}[mode]
         lines.append(f"  {mode:7s} drafter {BUNDLED_DRAFTER}; " + " ".join(f"{k}={getattr(s, k)}" for k in used))

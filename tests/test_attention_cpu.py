@@ -117,3 +117,15 @@ def test_bad_inputs_are_named(case, match):
     nkeys = torch.tensor([99 if case == "too_many_keys" else 4])
     with pytest.raises(RuntimeError, match=match):
         module.attend(q, kc, kc, rows, nkeys, torch.tensor([3]), torch.ones(1, 1, dtype=torch.bool), 1.0)
+
+
+def test_shapes_the_kernel_cannot_take_stay_on_sdpa():
+    """A head dim that is not a multiple of 8 (or over 256), or more than 16 query heads per kv head:
+    the model attends with SDPA and does not claim row invariance (test_drafter runs such a model)."""
+    from d3d.model.config import ModelConfig
+
+    assert ac.fits(64, 14, 2) and ac.fits(128, 12, 2)
+    assert not ac.fits(12, 4, 2) and not ac.fits(264, 4, 2) and not ac.fits(64, 34, 2)
+    odd = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64)
+    assert not ac.row_invariant(torch.device("cpu"), odd)

@@ -101,6 +101,7 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     target = d3d.load_model(path, weights=weights)
     tok = d3d.load_tokenizer(path)
     drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
+    assert drafter.model.embed_tokens is target.embed_tokens  # it borrows from the 0.5B: here, the target itself
     prompts = load_prompt_set("humaneval", tok, 2, chat=True)
     ar = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids())
     hits = copies = 0
@@ -146,3 +147,27 @@ def test_bf16_exact_mode_equals_bf16_ar():
                 out = d3d.generate(target, ids, max_new_tokens=40, stop_ids=[], drafter=drafter,
                                    spec=SpecConfig(mode=mode, exact=exact))
                 assert out.tokens == ar.tokens, (mode, exact)
+
+
+def test_qwen_drafter_stands_alone_on_the_1_5b(monkeypatch):
+    """The shipped drafter borrows its embedding and head rows from the 0.5B (``embeddings_from``),
+    not from its target: beside Qwen2.5-Coder-1.5B (width 1536, 28 layers, Q4_K/Q6_K blocks) sync and
+    async equal ar on two code and one prose chat prompt."""
+    from d3d.data.prompts import load_prompt_set
+
+    path = real_model_dir("qwen2.5-coder-1.5b")
+    real_model_dir("qwen2.5-coder-0.5b")  # the drafter's lender
+    monkeypatch.delenv("D3D_WEIGHTS")
+    target = d3d.load_model(path)
+    tok = d3d.load_tokenizer(path)
+    drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
+    assert drafter.model.embed_tokens is not target.embed_tokens and target.cfg.hidden_size == 1536
+    prose = tok.encode_chat([{"role": "user", "content": "Why do rivers meander? Answer in two sentences."}])
+    prompts = load_prompt_set("humaneval", tok, 2, chat=True) + [prose]
+    ar = d3d.generate(target, prompts, max_new_tokens=32, stop_ids=tok.stop_token_ids())
+    assert "def " in tok.decode(ar.tokens[0])
+    for mode in ("sync", "async"):
+        out = d3d.generate(target, prompts, max_new_tokens=32, stop_ids=tok.stop_token_ids(), drafter=drafter,
+                           spec=SpecConfig(mode, verify_min_prob=0.0))
+        assert out.tokens == ar.tokens, mode
+        assert out.stats.tau > 1.2

@@ -459,3 +459,41 @@ def test_slow_training_data_resumes_where_a_killed_job_stopped(tmp_path):
     calls.clear()
     data = resumable_rows(partial, 10, 4, make, "rows", 1, "rows", log=lambda *_: None)
     assert calls == [(8, 10)] and torch.equal(data, torch.arange(10).repeat(2, 1).T)
+
+
+def test_a_drafter_with_embeddings_from_stands_alone(tmp_path, monkeypatch):
+    """``embeddings_from`` names the model whose embedding and head rows the drafter borrows (read
+    alone from its checkpoint, the target's own where the target is that model): the drafter then
+    fits a target of another width and depth, and drafts exactly as beside the lender."""
+    import d3d.fetch
+    from d3d.model.checkpoint import load_model, save_model
+
+    lender = tiny_target(seed=21)
+    save_model(lender, tmp_path / "lender")
+    monkeypatch.setattr(d3d.fetch, "is_real_model", lambda name: name == "tiny-lender")
+    monkeypatch.setattr(d3d.fetch, "fetch", lambda name, log=None: tmp_path / "lender")
+    ids = torch.arange(0, lender.cfg.vocab_size - 1, 3)
+    d = reduced_drafter(lender, ids, layers=2)
+    d.dcfg.embeddings_from = "tiny-lender"
+    save_drafter(d, tmp_path / "drafter")
+
+    torch.manual_seed(5)  # a wider, deeper target with the same vocabulary
+    cfg = lender.cfg.replace(hidden_size=48, num_hidden_layers=3, head_dim=12)
+    other = d3d.model.transformer.Transformer(cfg)
+    for p in other.parameters():
+        torch.nn.init.normal_(p, std=0.6)
+    other.eval().requires_grad_(False)
+    alone = load_drafter(tmp_path / "drafter", target=other)
+    assert alone.model.embed_tokens.weight.shape[1] == 32 != other.cfg.hidden_size
+    torch.testing.assert_close(alone.model.lm_head.weight, lender.output_weight()[ids])
+    beside = load_drafter(tmp_path / "drafter", target=load_model(tmp_path / "lender"))
+    assert beside.model.embed_tokens is not alone.model.embed_tokens  # the target is the lender: its own
+    prompt = [[1, 2, 3, 4], [5, 6]]
+    ar = d3d.generate(other, prompt, max_new_tokens=16, stop_ids=[])
+    for mode in ("sync", "async"):
+        out = d3d.generate(other, prompt, max_new_tokens=16, stop_ids=[], drafter=alone, spec=SpecConfig(mode=mode))
+        assert out.tokens == ar.tokens
+    d.dcfg.embeddings_from = "nowhere"
+    save_drafter(d, tmp_path / "bad")
+    with pytest.raises(ValueError, match="embeddings_from='nowhere' is not a real model"):
+        load_drafter(tmp_path / "bad", target=other)

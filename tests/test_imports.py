@@ -132,7 +132,8 @@ FLOORS = (
     ("kernels",),  # attention, acceptance, denoising, CPU matmul kernels
     ("cpu",),  # the precision policy, prepacked and quantized matrices
     ("model",),  # what a checkpoint is
-    ("data", "draft", "fetch"),  # prompt sets and answer stores; the drafters; real models fetched by name
+    ("fetch",),  # real models fetched by name (and converted)
+    ("data", "draft"),  # prompt sets and answer stores; the drafters
     ("decode",),  # the decoders
     ("d3d", "serve", "demo", "doctor"),  # the public API and its users
     ("train",),  # training reads the public API

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..draft.pick import default_mode  # noqa: F401  (read here by demo, doctor and bench/llamacpp.py)
 
 if TYPE_CHECKING:
     from .datastore import Datastore

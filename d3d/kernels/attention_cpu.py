@@ -43,9 +43,19 @@ def why_unavailable() -> str | None:
     return _load()[1]
 
 
-def row_invariant(device: torch.device) -> bool:
-    """Whether decoding passes on ``device`` attend through this kernel: every row as a one-token step."""
-    return torch.device(device).type == "cpu" and available()
+MAX_HEAD_DIM, MAX_GROUP = 256, 16  # attend_cpu.cpp's limits (its head dim also a multiple of 8)
+
+
+def fits(head_dim: int, heads: int, kv_heads: int) -> bool:
+    """Whether a model's attention shape is one the kernel computes (others stay on SDPA)."""
+    return head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
+
+
+def row_invariant(device: torch.device, cfg=None) -> bool:
+    """Whether decoding passes on ``device`` (of a model with the ``ModelConfig`` ``cfg``) attend
+    through this kernel: every row as a one-token step."""
+    shape_fits = cfg is None or fits(cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
+    return torch.device(device).type == "cpu" and available() and shape_fits
 
 
 @dataclass
@@ -94,4 +104,4 @@ def attend_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pl
     return module.attend(q.contiguous(), k_cache, v_cache, plan.rows, plan.nkeys, plan.first, plan.mask, scale)
 
 
-__all__ = ["available", "why_unavailable", "row_invariant", "CpuPlan", "cpu_plan", "attend_cpu", "MAX_QUERIES"]
+__all__ = ["available", "why_unavailable", "row_invariant", "fits", "CpuPlan", "cpu_plan", "attend_cpu", "MAX_QUERIES"]

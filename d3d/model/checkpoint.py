@@ -86,7 +86,7 @@ def _open(file: Path):
 
 
 def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[str] = frozenset(),
-                 lazy: bool = False) -> dict[str, torch.Tensor]:
+                 lazy: bool = False, partial: bool = False) -> dict[str, torch.Tensor]:
     """Read exactly the tensors in ``wanted`` (name -> shape, or None: checked by the caller) from
     the directory ``path``.
 
@@ -94,8 +94,11 @@ def read_tensors(path: Path, wanted: dict[str, tuple[int, ...]], optional: set[s
     except those in ``optional`` (read if present and shape-checked, e.g. a tied lm_head).
     ``lazy``: return a ``LazyTensors`` that reads each tensor from its file when it is taken
     (a quantized checkpoint is converted matrix by matrix, never held whole next to its panels).
+    ``partial``: the files may hold other tensors too; they are left unread.
     """
     files = weight_files(path)
+    if partial:
+        files = {n: f for n, f in files.items() if n in wanted or n in optional}
     missing = [n for n in wanted if n not in files]
     unexpected = [n for n in files if n not in wanted and n not in optional]
     if missing or unexpected:
@@ -228,10 +231,12 @@ def _quant_parts(tensors: dict, name: str, shape: tuple[int, ...], where: Path) 
 
 
 def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
-               extra: dict[str, tuple[int, ...]] | None = None, keep_quantized: bool = False) -> tuple[dict, dict]:
+               extra: dict[str, tuple[int, ...]] | None = None, keep_quantized: bool = False,
+               partial: bool = False) -> tuple[dict, dict]:
     """Read the weights of ``cfg`` from ``path`` through the name map, shape-checked.
 
-    skip: our parameter names not stored in the files (a drafter's shared embedding/LM head).
+    skip: our parameter names not stored in the files (a drafter's shared embedding/LM head), or, with
+    ``partial``, not to be read from them (``load_embeddings``).
     extra: further HF tensors (name -> shape) the files must hold (a DFlash projection).
     Quantized matrices (``name`` + ``.qscale``/``.qmin``, or a drafter's ``.int8_scale``) are
     recognised by their tensors: with ``keep_quantized`` they come back as ``d3d.cpu.quant`` matrices
@@ -249,7 +254,7 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
         wanted[hf + (QSCALE if hf + QSCALE in names else INT8_SCALE)] = None
         optional.update({hf + QMIN, hf + QHIGH})
     wanted.update(extra or {})
-    tensors = read_tensors(path, wanted, optional, lazy=bool(quantized))
+    tensors = read_tensors(path, wanted, optional, lazy=bool(quantized), partial=partial)
     state = {}
     for ours, parts in nmap.items():  # one matrix at a time: its file bytes are freed once it is in panels
         ws = [_quant_parts(tensors, hf, shape, path) if hf in quantized else tensors.pop(hf) for hf, shape in parts]
@@ -304,7 +309,38 @@ def load_model(
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.weights_choice = choice
+    model.source = path.resolve()
     return model.eval().requires_grad_(False).pack_for_cpu()
+
+
+class Embeddings:
+    """A checkpoint's token embedding and output matrix, and nothing else (``load_embeddings``): what a
+    standalone drafter borrows from the model it was made from, whatever its target."""
+
+    def __init__(self, embed_tokens: torch.nn.Module, output):
+        self.embed_tokens, self._output = embed_tokens, output
+
+    def output_weight(self):
+        return self._output
+
+    @property
+    def device(self) -> torch.device:
+        return self._output.device
+
+
+def load_embeddings(path: str | Path) -> Embeddings:
+    """Read only the embedding and the LM head (the embedding where tied) of the checkpoint at ``path``:
+    quantized matrices stay quantized (a lookup dequantizes the rows it reads), dense ones are fp32."""
+    from .transformer import QuantEmbedding
+
+    path = Path(path)
+    cfg = ModelConfig.load(path)
+    others = tuple(k for k in name_map(cfg) if k not in SHARED_EMBEDDINGS)
+    state, _ = read_state(path, cfg, skip=others, keep_quantized=True, partial=True)
+    w = state["embed_tokens.weight"]
+    embed = QuantEmbedding(w) if is_quantized(w) else torch.nn.Embedding.from_pretrained(w.float(), freeze=True)
+    head = state.get("lm_head.weight", w)
+    return Embeddings(embed, head if is_quantized(head) else head.float())
 
 
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:

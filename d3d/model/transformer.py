@@ -26,7 +26,7 @@ from .cache import KVCache, PassLayout
 from .config import ModelConfig
 from ..kernels import use_triton
 from ..kernels.attention import attend_torch, packed_attention
-from ..kernels.attention_cpu import CpuPlan, attend_cpu
+from ..kernels.attention_cpu import CpuPlan, attend_cpu, fits
 from ..cpu.quant import is_quantized
 
 
@@ -131,6 +131,7 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.cpu_kernel_fits = fits(self.head_dim, self.n_heads, self.n_kv)  # else SDPA computes CPU decoding too
         self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
@@ -174,8 +175,11 @@ class Attention(nn.Module):
                                        reach=layout.reach)
             else:  # CPU: the layout's plan (masks, spans) is built once per pass, not per layer
                 plan = layout.plan()
-                out = attend_cpu(q, k_cache, v_cache, plan, self.head_dim ** -0.5) if isinstance(plan, CpuPlan) \
-                    else attend_torch(q, None, None, k_cache, v_cache, plan, self.head_dim ** -0.5)
+                if isinstance(plan, CpuPlan) and self.cpu_kernel_fits:
+                    out = attend_cpu(q, k_cache, v_cache, plan, self.head_dim ** -0.5)
+                else:
+                    plan = layout.sdpa_plan() if isinstance(plan, CpuPlan) else plan
+                    out = attend_torch(q, None, None, k_cache, v_cache, plan, self.head_dim ** -0.5)
         return self.o_proj(out.reshape(*shape, self.cfg.q_size).to(x.dtype))
 
 
