@@ -420,7 +420,7 @@ def test_packed_pass_equals_separate_passes(layers):
 
 def test_exact_rejects_the_packed_overlap(monkeypatch):
     """Where attention is not row-invariant by itself (no d3d.kernels.attention_cpu)."""
-    monkeypatch.setattr("d3d.kernels.attention_cpu.row_invariant", lambda device: False)
+    monkeypatch.setattr("d3d.kernels.attention_cpu.row_invariant", lambda device, cfg: False)
     target = tiny_target()
     drafter = random_drafter(target)
     with pytest.raises(ValueError, match="exact=True needs"):

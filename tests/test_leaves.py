@@ -181,7 +181,7 @@ def test_leaves_arguments_checked(monkeypatch):
         with pytest.raises(ValueError, match=f"leaves={bad!r}: must be an integer >= 0"):
             generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter, spec=SpecConfig(mode="sync", leaves=bad))
     with monkeypatch.context() as m:  # where attention is not row-invariant by itself, exact refuses leaves
-        m.setattr("d3d.kernels.attention_cpu.row_invariant", lambda device: False)
+        m.setattr("d3d.kernels.attention_cpu.row_invariant", lambda device, cfg: False)
         with pytest.raises(ValueError, match="exact=True with leaves=2"):
             generate(target, [1, 2, 3], max_new_tokens=4, drafter=drafter,
                      spec=SpecConfig(mode="sync", leaves=2, exact=True))
