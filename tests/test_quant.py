@@ -451,3 +451,77 @@ def test_triton_weight_only_matmul_matches_its_torch_reference(bits, M, N, K, gr
     torch.testing.assert_close(got, quant_linear_torch(x, q, s, m, bits, h), atol=1e-4 * K ** 0.5, rtol=1e-4)
     with pytest.raises(ValueError, match="q must be"):
         quant_linear_triton(x[:, :32], q, s, m, bits, h)
+
+
+# ---------------------------------------------------------------- K-quant scales held as two factors
+
+def random_factored(n, k, group, g, signed):
+    """Factored scales: int8 factors per group (Q6_K's signed, Q4_K's 0..63), fp16 factors per 256."""
+    from d3d.cpu.quant import Factored
+
+    lo, hi = (-128, 128) if signed else (0, 64)
+    f = torch.randint(lo, hi, (n, k // group), dtype=torch.int8, generator=g)
+    return Factored(f, (torch.randn(n, k // 256, generator=g) / 64).half().float())
+
+
+@needs_vnni
+@pytest.mark.parametrize("bits,group,M,N,K", [(4, 32, 1, 17, 256), (4, 32, 5, 40, 512), (4, 32, 9, 33, 768),
+                                             (8, 16, 1, 17, 256), (8, 16, 3, 70, 512), (8, 16, 13, 16, 1536)])
+def test_factored_scales_give_the_bits_of_their_values(bits, group, M, N, K):
+    """Two-level scales (fp16 super-block factor x int8 group factor, formed in the kernel) give bit for bit
+    what their fp32 values give, which is the loop oracle's result; every row as alone."""
+    from d3d.kernels.naive import quant_vnni_reference
+
+    g = torch.Generator().manual_seed(M * 1000 + N + K + bits)
+    x = torch.randn(M, K, generator=g)
+    q = random_format(bits, N, K, group, g)[0]
+    s = random_factored(N, K, group, g, signed=bits == 8)
+    m = random_factored(N, K, group, g, signed=False) if bits == 4 else None
+    P = kernel.to_panels
+    two = kernel.matmul_vnni(x, P(q), P(s.f), None if m is None else P(m.f), N, bits, None, P(s.d.half()),
+                             None if m is None else P(m.d.half()))
+    sv, mv = s.expand(), None if m is None else m.expand()
+    assert torch.equal(two, quant_vnni_reference(x, q, sv, mv, bits))
+    assert torch.equal(two, kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, bits))
+    for i in range(M):
+        one = kernel.matmul_vnni(x[i:i + 1], P(q), P(s.f), None if m is None else P(m.f), N, bits, None,
+                                 P(s.d.half()), None if m is None else P(m.d.half()))
+        assert torch.equal(one, two[i:i + 1]), i
+    with pytest.raises(ValueError, match="int8 exactly when they are two-level"):
+        kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, bits, None, P(s.d.half()))
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_k_quant_scales_stay_factored_through_join_files_and_rows(kind):
+    """A K-quant matrix keeps its two-factor scales (fewer bytes) where the VNNI kernel multiplies, and
+    gives what its fp32 scales give; joined with a like matrix it stays factored, with an unlike one
+    (Q4_K beside Q6_K) each block keeps its own; the checkpoint tensors round-trip them."""
+    from d3d.cpu.quant import Factored, QuantWeight, Stacked, join
+    from d3d.model.checkpoint import _quant_parts, quant_tensors
+    from d3d.model.gguf import block_parts
+
+    rng = np.random.default_rng(3)
+    parts = block_parts(random_blocks(kind, 48, 512, rng), kind, (48, 512))
+    assert isinstance(parts[1], Factored) and parts[1].f.dtype == torch.int8
+    w = QuantWeight(*parts)
+    plain = QuantWeight(*w.rowmajor())  # the same values as fp32 scales
+    assert torch.equal(w.dequantize(), plain.dequantize())
+    x = torch.randn(3, 512)
+    if kernel.vnni_available() and w.int8_activations:
+        assert w.scale_d is not None and w.nbytes < plain.nbytes
+        assert torch.equal(w.linear(x), plain.linear(x))
+    files = quant_tensors("m.weight", parts)
+    assert files["m.weight.qscale"].dtype == torch.int8 and files["m.weight.qscale_d"].dtype == torch.float16
+    back = _quant_parts(dict(files), "m.weight", (48, 512), "here")
+    assert torch.equal(back[1].f, parts[1].f) and torch.equal(back[1].d, parts[1].d)
+    other = block_parts(random_blocks(kind, 16, 512, rng), kind, (16, 512))
+    joined = join([parts, other])
+    assert isinstance(joined, QuantWeight) and torch.equal(
+        joined.dequantize(), torch.cat([w.dequantize(), QuantWeight(*other).dequantize()]))
+    if w.scale_d is not None:
+        assert joined.scale_d is not None
+    unlike = block_parts(random_blocks("Q6_K" if kind == "Q4_K" else "Q4_K", 16, 512, rng),
+                         "Q6_K" if kind == "Q4_K" else "Q4_K", (16, 512))
+    stacked = join([parts, unlike])
+    assert isinstance(stacked, Stacked) and all((p.scale_d is not None) == (w.scale_d is not None)
+                                                for p in stacked.parts)

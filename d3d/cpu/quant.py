@@ -10,7 +10,9 @@ output row share a scale s, and for int4 a min m):
 
 These hold llama.cpp's blocks without re-quantization error: Q8_0 is int8 with G = 32, Q5_0 int5
 with G = 32 (both with fp16 scales, their own), Q6_K int8 with G = 16 (s = d * sc, exact in fp32),
-Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.model.gguf`` keeps. From a
+Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.model.gguf`` keeps.
+K-quant scales and mins stay ``Factored`` as the GGUF holds them (an int8 factor per group, an fp16
+one per super-block of 256) where the VNNI kernel multiplies: a quarter of fp32 scales' bytes. From a
 dense checkpoint, ``quantize`` makes int8 with one scale per row, or int4 with G = ``INT4_GROUP``.
 
 Products go through ``d3d.kernels.quant``: with fp32 activations (AVX2 / AVX-512, bit for bit the
@@ -22,6 +24,7 @@ quantized path: ``load_model`` then keeps dense weights and warns.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -32,13 +35,47 @@ FORMATS = ("int8", "int4")  # what ``quantize`` makes from dense weights (int5 c
 INT4_GROUP = 32  # the group of int4 made from dense weights (Q4_K's group)
 
 
+@dataclass(frozen=True)
+class Factored:
+    """Group scales (or mins) [N, K/G] held as two factors, as llama.cpp's K-quants hold them: ``f`` int8
+    per group and ``d`` (fp16 values) per super-block of ``f.shape[1] // d.shape[1]`` groups. The value
+    is fl(d * f), exact in fp32 (11 bits times at most 8), so both forms give the same products."""
+
+    f: torch.Tensor
+    d: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.f.shape
+
+    def dim(self) -> int:
+        return 2
+
+    def expand(self) -> torch.Tensor:
+        """The fp32 values [N, K/G]."""
+        return self.d.float().repeat_interleave(self.f.shape[1] // self.d.shape[1], dim=1) * self.f.float()
+
+    def check(self, n: int, what: str) -> None:
+        if (self.f.dtype != torch.int8 or self.f.dim() != 2 or self.d.dim() != 2 or self.f.shape[0] != n
+                or self.d.shape[0] != n or self.d.shape[1] == 0 or self.f.shape[1] % self.d.shape[1]
+                or not torch.equal(self.d.half().float(), self.d.float())):
+            raise ValueError(f"{what}: factored scales need int8 f [{n}, K/G] and fp16-exact d [{n}, D] with D "
+                             f"dividing K/G, got {self.f.dtype} {tuple(self.f.shape)}, {self.d.dtype} "
+                             f"{tuple(self.d.shape)}")
+
+
+def values(t):
+    """fp32 scales or mins from a tensor or ``Factored`` (None stays None)."""
+    return t.expand() if isinstance(t, Factored) else None if t is None else t.float()
+
+
 class QuantWeight:
     """W [N, K] as int8/int5/int4 groups. Built from row-major q ([N, K] int8 for int8; [N, K/2]
     uint8, k even in the low nibble, for int4 and int5), int5's high bits ``high`` [N, K/8] uint8
     (bit i of byte b: k = 8 b + i), ``scale`` [N, K/G] and, for int4, ``min`` [N, K/G]; stored as
     panels, the scales in fp16 where that is exact (half the bytes), else fp32."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None = None,
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor | Factored, min: torch.Tensor | Factored | None = None,
                  high: torch.Tensor | None = None, what: str = "weight"):
         bits = 8 if q.dtype == torch.int8 else (5 if high is not None else 4) if q.dtype == torch.uint8 else None
         if bits is None or q.dim() != 2:
@@ -58,10 +95,21 @@ class QuantWeight:
         if bits != 8 and self.group % 2:
             raise ValueError(f"{what}: int4/int5 groups must be even, got {self.group}")
         self.int8_activations = int8_activations(k, self.group)
-        scale, min = scale.float(), None if min is None else min.float()
-        half = all(torch.equal(t.half().float(), t) for t in (scale, min) if t is not None)
+        for t in (scale, min):
+            if isinstance(t, Factored):
+                t.check(n, what)
         self.q = kernel.to_panels(q.contiguous())
         self.high = None if high is None else kernel.bits_to_panels(high.contiguous(), n)
+        self.scale_d = self.min_d = None  # two-level: the fp16 factors of Factored scales and mins
+        if self.int8_activations and isinstance(scale, Factored) and (min is None or isinstance(min, Factored)):
+            self.scale, self.scale_d = kernel.to_panels(scale.f), kernel.to_panels(scale.d.half())
+            if min is not None:
+                self.min, self.min_d = kernel.to_panels(min.f), kernel.to_panels(min.d.half())
+            else:
+                self.min = None
+            return
+        scale, min = values(scale), values(min)
+        half = all(torch.equal(t.half().float(), t) for t in (scale, min) if t is not None)
         self.scale, self.min = (None if t is None else kernel.to_panels(t.half() if half else t) for t in (scale, min))
 
     # ---------------------------------------------------------------- what it is
@@ -85,19 +133,30 @@ class QuantWeight:
     @property
     def nbytes(self) -> int:
         """Bytes a pass streams (q, high bits, scales and mins, padding included)."""
-        return sum(t.numel() * t.element_size() for t in (self.q, self.high, self.scale, self.min) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.q, self.high, self.scale, self.min, self.scale_d,
+                                                          self.min_d) if t is not None)
 
     def __repr__(self) -> str:
         return f"QuantWeight({self.format}, [{self.out_features}, {self.in_features}], group={self.group})"
 
     # ---------------------------------------------------------------- values
 
-    def rowmajor(self, rows: torch.Tensor | None = None):
-        """(q, scale, min, high) row-major (scales in fp32), for all rows or the LongTensor ``rows``."""
+    def parts(self, rows: torch.Tensor | None = None):
+        """(q, scale, min, high) row-major as ``QuantWeight`` takes them (scales ``Factored`` where they
+        are held so), for all rows or the LongTensor ``rows``."""
         n = self.out_features
         q, scale, mins = (None if t is None else kernel.from_panels(t, n, rows) for t in (self.q, self.scale, self.min))
         high = None if self.high is None else kernel.bits_from_panels(self.high, n, rows)
-        return q, scale.float(), None if mins is None else mins.float(), high
+        if self.scale_d is not None:
+            scale = Factored(scale, kernel.from_panels(self.scale_d, n, rows).float())
+            if mins is not None:
+                mins = Factored(mins, kernel.from_panels(self.min_d, n, rows).float())
+        return q, scale, mins, high
+
+    def rowmajor(self, rows: torch.Tensor | None = None):
+        """(q, scale, min, high) row-major with the scales and mins in fp32, for all rows or ``rows``."""
+        q, scale, mins, high = self.parts(rows)
+        return q, values(scale), values(mins), high
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The fp32 values (of ``rows`` only: the embedding lookup dequantizes just the ids it reads)."""
@@ -106,7 +165,7 @@ class QuantWeight:
 
     def select(self, rows: torch.Tensor) -> "QuantWeight":
         """A new QuantWeight of the given rows (a drafter's head over its drafting vocabulary)."""
-        return QuantWeight(*self.rowmajor(rows.to(self.device)))
+        return QuantWeight(*self.parts(rows.to(self.device)))
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] @ W^T (+ bias), computed in fp32 and returned in x's dtype."""
@@ -114,7 +173,7 @@ class QuantWeight:
         if x2.dtype != torch.float32:
             x2 = x2.float()
         y = kernel.matmul_packed(x2.contiguous(), self.q, self.high, self.scale, self.min, self.out_features,
-                                 self.bits, self.int8_activations)
+                                 self.bits, self.int8_activations, self.scale_d, self.min_d)
         if bias is not None:
             y += bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -174,7 +233,8 @@ def int5_kept() -> bool:
 
 
 def widen(parts: tuple) -> tuple:
-    """Row-major int5 ``(q, scale, None, high)`` -> the same weights as int8 ``(q - 16, scale, None, None)``."""
+    """Row-major int5 ``(q, scale, None, high)`` -> the same weights as int8 ``(q - 16, scale, None, None)``
+    (int5 comes from Q5_0 only: its scales are never ``Factored``)."""
     q, scale, _, high = parts
     q = kernel.unpack_nibbles(q) | (kernel.unpack_bits(high) << 4)
     return (q.to(torch.int8) - 16), scale, None, None
@@ -194,9 +254,23 @@ def join(parts: list[tuple], what: str = "weight") -> QuantWeight | Stacked:
         return Stacked([QuantWeight(*p, what=what) for p in parts])
     if len(parts) == 1:
         return QuantWeight(*parts[0], what=what)
+    parts = factored_alike(parts)
+    if isinstance(parts[0][1], Factored):  # alike (factored_alike): the factors join row-wise
+        scale, mins = (None if parts[0][i] is None else Factored(torch.cat([p[i].f for p in parts]),
+                                                                 torch.cat([p[i].d for p in parts])) for i in (1, 2))
+        return QuantWeight(torch.cat([p[0] for p in parts]), scale, mins, what=what)
     cat = lambda i, refine: None if parts[0][i] is None else torch.cat(  # noqa: E731
         [p[i].repeat_interleave(g // group, dim=1) if refine else p[i] for p, g in zip(parts, groups)])
     return QuantWeight(cat(0, False), cat(1, True), cat(2, True), cat(3, False), what=what)
+
+
+def factored_alike(parts: list[tuple]) -> list[tuple]:
+    """Row blocks to join keep ``Factored`` scales only where all have them in one shape of groups and
+    super-blocks; otherwise every block's scales and mins become fp32 values (the same numbers)."""
+    shapes = {tuple((t.f.shape[1], t.d.shape[1]) if isinstance(t, Factored) else None for t in p[1:3]) for p in parts}
+    if len(shapes) == 1 and isinstance(parts[0][1], Factored):
+        return parts
+    return [(q, values(s), values(m), h) for q, s, m, h in parts]
 
 
 def quantize(w: torch.Tensor, fmt: str, group: int = INT4_GROUP) -> QuantWeight:
@@ -222,4 +296,4 @@ def is_quantized(w) -> bool:
     return isinstance(w, (QuantWeight, Stacked))
 
 
-__all__ = ["QuantWeight", "Stacked", "join", "quantize", "is_quantized", "FORMATS", "INT4_GROUP"]
+__all__ = ["QuantWeight", "Factored", "Stacked", "join", "quantize", "is_quantized", "values", "FORMATS", "INT4_GROUP"]

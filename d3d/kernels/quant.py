@@ -57,15 +57,18 @@ def why_vnni_unavailable() -> str | None:
 
 
 def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
-                h: torch.Tensor | None = None) -> torch.Tensor:
+                h: torch.Tensor | None = None, sd: torch.Tensor | None = None,
+                md: torch.Tensor | None = None) -> torch.Tensor:
     """``matmul`` with the activations quantized to int8 per row and group of 32 (16 where the weights'
-    group is 16) and integer dot products (``quant_vnni.cpp``; numerics there). Needs AVX-512 VNNI."""
+    group is 16) and integer dot products (``quant_vnni.cpp``; numerics there). Needs AVX-512 VNNI.
+    Two-level scales (this kernel only): ``s`` (and ``m``) int8 factors per group, ``sd`` (and ``md``)
+    fp16 factors per super-block of groups, panels [P, D, 16]: the scale is fl(sd * s)."""
     module, why = _load_vnni()
     if module is None:
         raise RuntimeError(f"d3d.kernels.quant: the VNNI kernel is unavailable: {why}")
-    _check(x, q, s, m, n, bits, h)
+    _check(x, q, s, m, n, bits, h, two_level=sd is not None)
     return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
-                         bits)
+                         bits, _EMPTY if sd is None else sd, _EMPTY if md is None else md)
 
 
 def available() -> bool:
@@ -151,7 +154,7 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: i
     return w
 
 
-def _check(x, q, s, m, n, bits, h):
+def _check(x, q, s, m, n, bits, h, two_level=False):
     if bits not in (4, 5, 8):
         raise ValueError(f"quant.matmul: bits must be 8, 5 or 4, got {bits}")
     if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
@@ -164,6 +167,9 @@ def _check(x, q, s, m, n, bits, h):
     if s.dim() != 3 or s.shape[0] != q.shape[0] or s.shape[2] != PANEL or s.shape[1] == 0 or K % s.shape[1]:
         raise ValueError(f"quant.matmul: scales {tuple(s.shape)} do not fit q {tuple(q.shape)} (expected "
                          f"[{q.shape[0]}, K/G, {PANEL}] with G dividing K={K})")
+    if two_level != (s.dtype == torch.int8):
+        raise ValueError(f"quant.matmul: scales are int8 exactly when they are two-level (with fp16 factors sd), "
+                         f"got {s.dtype}{' with sd' if two_level else ''}")
     if (m is None) != (bits != 4) or (m is not None and (m.shape != s.shape or m.dtype != s.dtype)):
         raise ValueError(f"quant.matmul: int4 needs mins shaped and typed like the scales and int8/int5 none, got "
                          f"{None if m is None else (tuple(m.shape), m.dtype)}")
@@ -195,13 +201,14 @@ def matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | 
 _EMPTY = torch.empty(0)
 
 
-def matmul_packed(x, q, h, s, m, n, bits, int8_activations: bool = False):
-    """``matmul`` (or ``matmul_vnni`` with ``int8_activations``) without the Python checks, for
-    ``d3d.cpu.quant.QuantWeight`` (which made the panels; ~170 calls a pass): the extension still
-    checks every shape."""
+def matmul_packed(x, q, h, s, m, n, bits, int8_activations: bool = False, sd=None, md=None):
+    """``matmul`` (or ``matmul_vnni`` with ``int8_activations``, two-level scales ``sd``/``md`` too)
+    without the Python checks, for ``d3d.cpu.quant.QuantWeight`` (which made the panels; ~170 calls a
+    pass): the extension still checks every shape."""
     h, m, group = _EMPTY if h is None else h, _EMPTY if m is None else m, x.shape[1] // s.shape[1]
     if int8_activations:
-        return _load_vnni()[0].matmul(x, q, h, s, m, n, group, bits)
+        return _load_vnni()[0].matmul(x, q, h, s, m, n, group, bits, _EMPTY if sd is None else sd,
+                                      _EMPTY if md is None else md)
     return _load()[0].matmul(x, q, h, s, m, n, group, bits, 0)
 
 

@@ -13,28 +13,37 @@ constexpr int64_t GROUP = 4;  // panels a thread takes at a time (the widest til
 struct Weights {
     const uint8_t* q;   // panel 0 of this tile
     const uint8_t* h;   // int5's high bits (else null)
-    const void* s;      // scales, fp32 or fp16
-    const void* m;      // int4's mins (else null)
+    const void* s;      // scales: fp32, fp16, or (two-level) int8 factors
+    const void* m;      // int4's mins (else null), typed like the scales
     int64_t qstride;    // bytes from one panel to the next
     int64_t hstride;
     int64_t sstride;    // scale elements from one panel to the next
     int64_t group;      // G
     bool half;          // fp16 scales and mins
+    bool two;           // two-level: s = sd * s8, m = md * m8 (K-quant super-blocks: fp16 d, int8 factor)
+    const uint16_t* sd; // two-level: fp16 [P, K / (G * per_d), 16] (else null)
+    const uint16_t* md; // two-level int4: the mins' fp16 factors
+    int64_t dstride;    // elements of sd from one panel to the next
+    int64_t per_d;      // groups per element of sd
 
     Weights at(int64_t p) const {  // the same matrix from panel p on
         Weights w = *this;
         w.q += p * qstride;
         if (h) w.h += p * hstride;
-        const int64_t off = p * sstride * (half ? 2 : 4);
+        const int64_t off = p * sstride * (two ? 1 : half ? 2 : 4);
         w.s = static_cast<const uint8_t*>(s) + off;
         if (m) w.m = static_cast<const uint8_t*>(m) + off;
+        if (sd) w.sd += p * dstride;
+        if (md) w.md += p * dstride;
         return w;
     }
 };
 
-// The panels of x [M, K] @ W^T, checked by name (``who``: the calling function).
+// The panels of x [M, K] @ W^T, checked by name (``who``: the calling function). Two-level scales
+// (non-empty ``sd``): s and m int8 factors, sd and md their fp16 factors per ``per_d`` groups.
 inline Weights checked(const char* who, const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
-                       const torch::Tensor& s, const torch::Tensor& m, int64_t N, int64_t G, int64_t bits) {
+                       const torch::Tensor& s, const torch::Tensor& m, int64_t N, int64_t G, int64_t bits,
+                       const torch::Tensor& sd = torch::Tensor(), const torch::Tensor& md = torch::Tensor()) {
     TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, who, ": bits must be 8, 5 or 4, got ", bits);
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
                 who, ": x must be a 2-D fp32 CPU tensor, got ", x.sizes(), " ", x.scalar_type());
@@ -46,11 +55,21 @@ inline Weights checked(const char* who, const torch::Tensor& x, const torch::Ten
     const int64_t P = q.size(0);
     TORCH_CHECK(G > 0 && K % G == 0 && (bits == 8 || G % 2 == 0),
                 who, ": group ", G, " must divide K=", K, (bits != 8 ? " and be even" : ""));
-    const bool half = s.scalar_type() == torch::kHalf;
-    TORCH_CHECK(s.dim() == 3 && s.is_contiguous() && (half || s.scalar_type() == torch::kFloat32) && s.size(0) == P &&
-                    s.size(1) == K / G && s.size(2) == NR,
-                who, ": scales must be contiguous fp32 or fp16 [", P, ", ", K / G, ", 16], got ", s.sizes(), " ",
-                s.scalar_type());
+    const bool half = s.scalar_type() == torch::kHalf, two = sd.defined() && sd.numel() > 0;
+    TORCH_CHECK(s.dim() == 3 && s.is_contiguous() &&
+                    (two ? s.scalar_type() == torch::kInt8 : half || s.scalar_type() == torch::kFloat32) &&
+                    s.size(0) == P && s.size(1) == K / G && s.size(2) == NR,
+                who, ": scales must be contiguous ", (two ? "int8 (two-level)" : "fp32 or fp16"), " [", P, ", ", K / G,
+                ", 16], got ", s.sizes(), " ", s.scalar_type());
+    if (two) {
+        TORCH_CHECK(sd.dim() == 3 && sd.is_contiguous() && sd.scalar_type() == torch::kHalf && sd.size(0) == P &&
+                        sd.size(2) == NR && sd.size(1) > 0 && (K / G) % sd.size(1) == 0,
+                    who, ": two-level scale factors must be contiguous fp16 [", P, ", D, 16] with D dividing ", K / G,
+                    ", got ", sd.sizes(), " ", sd.scalar_type());
+        if (bits == 4)
+            TORCH_CHECK(md.sizes() == sd.sizes() && md.is_contiguous() && md.scalar_type() == torch::kHalf,
+                        who, ": two-level int4 needs min factors shaped like the scale factors, got ", md.sizes());
+    }
     if (bits == 4)
         TORCH_CHECK(m.sizes() == s.sizes() && m.is_contiguous() && m.scalar_type() == s.scalar_type(),
                     who, ": mins must be contiguous and shaped and typed like the scales, got ", m.sizes());
@@ -61,7 +80,10 @@ inline Weights checked(const char* who, const torch::Tensor& x, const torch::Ten
     TORCH_CHECK(N > (P - 1) * NR && N <= P * NR, who, ": N=", N, " does not fit ", P, " panels");
     return Weights{reinterpret_cast<const uint8_t*>(q.data_ptr()), bits == 5 ? h.data_ptr<uint8_t>() : nullptr,
                    s.data_ptr(), bits == 4 ? m.data_ptr() : nullptr, KQ * NR, bits == 5 ? (K / 2) * 4 : 0,
-                   s.size(1) * NR, G, half};
+                   s.size(1) * NR, G, half, two,
+                   two ? reinterpret_cast<const uint16_t*>(sd.data_ptr()) : nullptr,
+                   two && bits == 4 ? reinterpret_cast<const uint16_t*>(md.data_ptr()) : nullptr,
+                   two ? sd.size(1) * NR : 0, two ? (K / G) / sd.size(1) : 1};
 }
 
 #pragma GCC push_options
@@ -74,6 +96,13 @@ inline __m512 load16(const void* p, int64_t i) {
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
     else
         return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// Two-level scales: 16 int8 factors of a panel as fp32; times the fp16 factor of their super-block
+// (load16<true>) they give fl(d * f), exact in fp32 (11 bits times at most 8).
+inline __m512 load16_i8(const void* f, int64_t i) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(f) + i));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
 #pragma GCC pop_options
 

@@ -11,7 +11,9 @@
 // whose bytes are read as q + 128, 16 for int5, 0 for int4):
 //   I = sum_{k in a} (q[n, k] + z) qx[m, k] - z sum_{k in a} qx[m, k]          (exact integers)
 //   acc = fma(float(I), fl(s[n, g] * sx[m, a]), acc);  int4: acc = fma(-m[n, g], X[m, a], acc)
-// with X the fp32 sum of x over the group in k order, groups in k order from acc = 0. Every row's
+// with X the fp32 sum of x over the group in k order, groups in k order from acc = 0. Two-level scales
+// (llama.cpp's K-quants: an fp16 d per super-block and an integer factor per group) are held as they
+// come, s = fl(d * f) formed here (exact: 11 bits times at most 8), fewer bytes than fp32 scales. Every row's
 // result depends on that row alone, so it is row-invariant for every row count, tile and thread.
 // Loop oracle: naive.quant_vnni_reference.
 //
@@ -41,6 +43,7 @@ namespace {
 using d3d_quant::GROUP;
 using d3d_quant::NR;
 using d3d_quant::load16;
+using d3d_quant::load16_i8;
 using d3d_quant::Weights;
 
 #pragma GCC push_options
@@ -88,7 +91,8 @@ inline void high_masks(const uint8_t* h, __mmask64& even, __mmask64& odd) {
 // MR rows x NP panels over activation groups a0 .. a1. Each 64-byte load of weights is unpacked once
 // and applied to all MR rows, and each row's 4 activation bytes are broadcast once for all NP panels:
 // per row and 64 weights, one vpdpbusd. Integer sums start from -z sum qx (the same integers).
-template <int MR, int NP, int BITS, bool HALF, int A>
+// SC: how the scales are held: 0 fp32, 1 fp16, 2 two-level (int8 factors of fp16 super-block factors).
+template <int MR, int NP, int BITS, int SC, int A>
 void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1,
           const int64_t* cols) {
     __m512 acc[MR][NP];
@@ -100,6 +104,8 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
     const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i sixteen = _mm512_set1_epi8(0x10);
     const int8_t* xq = X.q + m0 * K;
+    __m512 sd[NP], md[NP];  // two-level: the super-block's fp16 factors, loaded when the super-block changes
+    int64_t block = -1;
     for (int64_t a = a0; a < a1; ++a) {  // activation groups, in k order
         __m512i I[MR][NP];
         for (int m = 0; m < MR; ++m) {
@@ -143,8 +149,20 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
         const int64_t g = k0 / W.group;
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) {
-            const __m512 s = load16<HALF>(W.s, p * W.sstride + g * NR);
-            const __m512 mn = BITS == 4 ? load16<HALF>(W.m, p * W.sstride + g * NR) : s;
+            __m512 s, mn;
+            if constexpr (SC == 2) {
+                if (g / W.per_d != block) {
+                    const int64_t j = p * W.dstride + (g / W.per_d) * NR;
+                    sd[p] = load16<true>(W.sd, j);
+                    if constexpr (BITS == 4) md[p] = load16<true>(W.md, j);
+                    if (p == NP - 1) block = g / W.per_d;
+                }
+                s = _mm512_mul_ps(sd[p], load16_i8(W.s, p * W.sstride + g * NR));
+                mn = BITS == 4 ? _mm512_mul_ps(md[p], load16_i8(W.m, p * W.sstride + g * NR)) : s;
+            } else {
+                s = load16<SC == 1>(W.s, p * W.sstride + g * NR);
+                mn = BITS == 4 ? load16<SC == 1>(W.m, p * W.sstride + g * NR) : s;
+            }
 #pragma GCC unroll 8
             for (int m = 0; m < MR; ++m) {
                 const int64_t i = (m0 + m) * (K / A) + a;
@@ -164,16 +182,16 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
 // matrix: docs/results/attention-cpu/kernels.txt).
 constexpr int64_t MR_MAX = 4;
 
-template <int BITS, bool HALF, int A>
+template <int BITS, int SC, int A>
 void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0,
              int64_t a1, const int64_t* cols) {
 #define D3D_TILE(R, P) \
-    if (mr == R && np == P) return tile<R, P, BITS, HALF, A>(X, m0, W, y, ldy, a0, a1, cols);
+    if (mr == R && np == P) return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);
     D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1)
 #undef D3D_TILE
 }
 
-template <int BITS, bool HALF>
+template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
     const int64_t blocks = X.K / X.A, AB = std::max<int64_t>(1, 256 / X.A);  // activation groups per k block
     at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
@@ -190,9 +208,9 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
                         for (int64_t i = 0; i < n; ++i) cols[i] = std::min(NR, N - (p0 + p + i) * NR);
                         const Weights W = W0.at(p0 + p);
                         if (X.A == 16)
-                            tile_of<BITS, HALF, 16>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
+                            tile_of<BITS, SC, 16>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
                         else
-                            tile_of<BITS, HALF, 32>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
+                            tile_of<BITS, SC, 32>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
                         p += n;
                     }
                     m += mr;
@@ -234,13 +252,14 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, bool nibble_
 
 // y [M, N] = x [M, K] @ W^T with int8 activations (see the top); the weights as quant_gemm.matmul takes them.
 torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& s,
-                     const torch::Tensor& m, int64_t N, int64_t G, int64_t bits) {
+                     const torch::Tensor& m, int64_t N, int64_t G, int64_t bits, const torch::Tensor& sd,
+                     const torch::Tensor& md) {
     TORCH_CHECK(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bitalg"),
                 "quant_vnni.matmul: this CPU lacks AVX-512 VNNI/VBMI/BW/BITALG");
-    const Weights W = d3d_quant::checked("quant_vnni.matmul", x, q, h, s, m, N, G, bits);
+    const Weights W = d3d_quant::checked("quant_vnni.matmul", x, q, h, s, m, N, G, bits, sd, md);
     const int64_t K = x.size(1), P = q.size(0), A = G == 16 ? 16 : 32;
-    const bool half = W.half;
+    const int sc = W.two ? 2 : W.half ? 1 : 0;
     TORCH_CHECK(G % A == 0 && K % A == 0, "quant_vnni.matmul: groups of ", G, " over K=", K,
                 " need G = 16 or a multiple of 32 and K a multiple of ", A);
     auto xc = x.contiguous();
@@ -254,13 +273,16 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     const Act X{qx.data(), sx.data(), sq.data(), xs.data(), K, A};
     auto y = torch::empty({M, N}, x.options());
     float* yp = y.data_ptr<float>();
-#define D3D_RUN(B, H) \
-    if (bits == B && half == H) run<B, H>(X, M, W, P, N, yp);
-    D3D_RUN(8, false) D3D_RUN(8, true) D3D_RUN(5, false) D3D_RUN(5, true) D3D_RUN(4, false) D3D_RUN(4, true)
+#define D3D_RUN(B, S) \
+    if (bits == B && sc == S) run<B, S>(X, M, W, P, N, yp);
+    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(8, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(5, 2) D3D_RUN(4, 0) D3D_RUN(4, 1)
+    D3D_RUN(4, 2)
 #undef D3D_RUN
     return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("matmul", &matmul, "x [M, K] fp32 @ W^T with int8 activations and VNNI dot products -> y [M, N]");
+    m.def("matmul", &matmul, "x [M, K] fp32 @ W^T with int8 activations and VNNI dot products -> y [M, N]",
+          py::arg("x"), py::arg("q"), py::arg("h"), py::arg("s"), py::arg("m"), py::arg("N"), py::arg("G"),
+          py::arg("bits"), py::arg("sd") = torch::Tensor(), py::arg("md") = torch::Tensor());
 }

@@ -19,7 +19,7 @@ from .config import ModelConfig
 from ..files import atomic, write_json
 from .transformer import Transformer
 from ..cpu.precision import DTYPES, auto_weights, resolve_dtype
-from ..cpu.quant import QuantWeight, is_quantized, join, quantize
+from ..cpu.quant import Factored, QuantWeight, is_quantized, join, quantize
 
 
 def parse_dtype(dtype: str | torch.dtype | None, what: str = "dtype") -> torch.dtype | None:
@@ -201,19 +201,24 @@ SHARED_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
 
 
 QSCALE, QMIN, QHIGH = ".qscale", ".qmin", ".qhigh"  # a quantized matrix's scales, mins, high bits (``d3d.cpu.quant``)
+FACTOR = "_d"  # ``.qscale_d``/``.qmin_d``: the fp16 super-block factors of ``Factored`` (int8) scales and mins
 INT8_SCALE = ".int8_scale"  # the per-row scale [N] of drafters saved before QSCALE existed (read only)
 
 
-def quant_tensors(name: str, w: QuantWeight) -> dict[str, torch.Tensor]:
-    """The file tensors of a quantized matrix stored under the HF name ``name``: ``name`` holds q
-    (int8 [N, K], or uint8 [N, K/2] for int4/int5), ``name.qscale`` [N, K/G] and ``name.qmin`` (int4)
-    fp32, ``name.qhigh`` (int5's high bits, uint8 [N, K/8])."""
-    q, scale, mins, high = (None if t is None else t.contiguous() for t in w.rowmajor())
-    out = {name: q, name + QSCALE: scale}
-    if mins is not None:
-        out[name + QMIN] = mins
+def quant_tensors(name: str, w: QuantWeight | tuple) -> dict[str, torch.Tensor]:
+    """The file tensors of a quantized matrix (or its row-major ``(q, scale, min, high)``) stored under
+    the HF name ``name``: ``name`` holds q (int8 [N, K], or uint8 [N, K/2] for int4/int5),
+    ``name.qscale`` [N, K/G] and ``name.qmin`` (int4) fp32 — or, ``Factored``, int8 with their fp16
+    factors in ``name.qscale_d``/``name.qmin_d`` [N, D] — and ``name.qhigh`` (int5's high bits, uint8 [N, K/8])."""
+    q, scale, mins, high = w.parts() if isinstance(w, QuantWeight) else w
+    out = {name: q.contiguous()}
+    for key, t in ((QSCALE, scale), (QMIN, mins)):
+        if isinstance(t, Factored):
+            out[name + key], out[name + key + FACTOR] = t.f.contiguous(), t.d.half().contiguous()
+        elif t is not None:
+            out[name + key] = t.float().contiguous()
     if high is not None:
-        out[name + QHIGH] = high
+        out[name + QHIGH] = high.contiguous()
     return out
 
 
@@ -223,6 +228,11 @@ def _quant_parts(tensors: dict, name: str, shape: tuple[int, ...], where: Path) 
     if scale is None:
         scale = tensors.pop(name + INT8_SCALE).float()[:, None]
     q, mins, high = tensors.pop(name), tensors.pop(name + QMIN, None), tensors.pop(name + QHIGH, None)
+    scale_d, mins_d = tensors.pop(name + QSCALE + FACTOR, None), tensors.pop(name + QMIN + FACTOR, None)
+    if scale_d is not None:
+        scale = Factored(scale, scale_d.float())
+    if mins_d is not None:
+        mins = Factored(mins, mins_d.float())
     k = q.shape[1] * (1 if q.dtype == torch.int8 else 2) if q.dim() == 2 else None
     if q.dim() != 2 or q.dtype not in (torch.int8, torch.uint8) or (q.shape[0], k) != tuple(shape):
         raise ValueError(f"{where}: tensor {name!r}: q must be 2-D int8 (int8) or uint8 (int4/int5, two per byte) "
@@ -252,7 +262,7 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
     for hf in quantized:
         wanted[hf] = None  # q's shape depends on the format: checked below
         wanted[hf + (QSCALE if hf + QSCALE in names else INT8_SCALE)] = None
-        optional.update({hf + QMIN, hf + QHIGH})
+        optional.update({hf + QMIN, hf + QHIGH, hf + QSCALE + FACTOR, hf + QMIN + FACTOR})
     wanted.update(extra or {})
     tensors = read_tensors(path, wanted, optional, lazy=bool(quantized), partial=partial)
     state = {}

@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from .config import ModelConfig
 from ..files import write_json
 from ..kernels.quant import pack_bits, pack_nibbles
-from ..cpu.quant import QuantWeight
+from ..cpu.quant import Factored, QuantWeight
 
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -97,10 +97,10 @@ def _q4_k(b):
     d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
     sc = b[:, 4:16].reshape(n, 3, 4)
     lo, hi, mix = sc[:, 0], sc[:, 1], sc[:, 2]
-    scales = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(np.float32)
-    mins = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1).astype(np.float32)
+    scales = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(np.int8)  # 0..63
+    mins = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1).astype(np.int8)
     q = (b[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-    return q.reshape(n, 256), d * scales, dmin * mins, 32
+    return q.reshape(n, 256), (scales, d), (mins, dmin), 32
 
 
 def _q6_k(b):
@@ -108,31 +108,45 @@ def _q6_k(b):
     ql = (b[:, :128].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
     qh = (b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
     q = (ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)).astype(np.int8) - np.int8(32)
-    scales = b[:, 192:208].view(np.int8).astype(np.float32)
-    return q.reshape(n, 256), _f16(b[:, 208:210]) * scales, None, 16
+    scales = np.ascontiguousarray(b[:, 192:208]).view(np.int8)
+    return q.reshape(n, 256), (scales, _f16(b[:, 208:210])), None, 16
 
 
-# block type -> (bytes per block, weights per block, unpack: blocks -> (q, scale, min, group))
+# block type -> (bytes per block, weights per block, unpack: blocks -> (q, scale, min, group)); K-quants'
+# scales and mins come as (int8 factor per group, fp16 factor per block): d3d.cpu.quant.Factored
 BLOCKS = {"Q8_0": (34, 32, _q8_0), "Q5_0": (22, 32, _q5_0), "Q4_0": (18, 32, _q4_0), "Q4_1": (20, 32, _q4_1),
           "Q4_K": (144, 256, _q4_k), "Q6_K": (210, 256, _q6_k)}
 
 
 def quant_weight(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantWeight:
     """The raw blocks of one [N, K] GGUF matrix of block type ``kind`` (a key of ``BLOCKS``) as a ``QuantWeight``."""
+    return QuantWeight(*block_parts(raw, kind, shape))
+
+
+def block_parts(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> tuple:
+    """The raw blocks of one [N, K] GGUF matrix of block type ``kind`` as row-major ``(q, scale, min,
+    high)``, as ``QuantWeight`` takes them and a checkpoint stores them (``checkpoint.quant_tensors``)."""
     nbytes, per, unpack = BLOCKS[kind]
     n, k = shape
     if k % per or raw.size != n * k // per * nbytes:
         raise ValueError(f"{kind} blocks of {raw.size} bytes do not make a {n} x {k} matrix")
     q, scale, mins, group = unpack(np.ascontiguousarray(raw).reshape(-1, nbytes))
     q = torch.from_numpy(np.ascontiguousarray(q)).reshape(n, k)
-    scale = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)).reshape(n, k // group)
+
+    def scales(t):
+        if isinstance(t, tuple):
+            f, d = t
+            return Factored(torch.from_numpy(np.ascontiguousarray(f)).reshape(n, k // group),
+                            torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)).reshape(n, k // per))
+        return torch.from_numpy(np.ascontiguousarray(t, dtype=np.float32)).reshape(n, k // group)
+
+    scale = scales(scale)
     if q.dtype == torch.int8:
-        return QuantWeight(q, scale)
+        return q, scale, None, None
     nibbles = pack_nibbles(q)
     if mins is None:  # Q5_0: the high bits beside the nibbles
-        return QuantWeight(nibbles, scale, high=pack_bits(q >> 4))
-    mins = torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)).reshape(n, k // group)
-    return QuantWeight(nibbles, scale, mins)
+        return nibbles, scale, None, pack_bits(q >> 4)
+    return nibbles, scale, scales(mins), None
 
 
 def _field(reader, key: str, required: bool = True):
@@ -227,7 +241,7 @@ def read_tensors(gguf, reader, cfg: ModelConfig, src: str, dequantize: bool):
         kind = t.tensor_type.name
         kinds[kind] = kinds.get(kind, 0) + 1
         if kind in BLOCKS and not dequantize:
-            tensors[name] = quant_weight(t.data, kind, shape)
+            tensors[name] = block_parts(t.data, kind, shape)
             continue
         try:
             data = gguf.dequantize(t.data, t.tensor_type)
@@ -255,7 +269,7 @@ def write_checkpoint(out: Path, cfg: ModelConfig, tensors: dict, tokenizer_dir: 
         cfg.save(tmp, extra=extra)
         files = {}
         for name, w in tensors.items():
-            files.update(quant_tensors(name, w) if isinstance(w, QuantWeight) else {name: w})
+            files.update(quant_tensors(name, w) if isinstance(w, tuple) else {name: w})
         save_file(files, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
         tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text()) \
