@@ -19,13 +19,13 @@ def atomic(path: str | Path):
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # as open() would create it (safetensors writes 0600)
+        os.chmod(tmp, 0o666 & ~current_umask())  # as open() would create it (safetensors writes 0600)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -24,6 +24,7 @@ directory you name (``--tokenizer``; default: the Qwen3 tokenizer shipped in
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ModelConfig
-from ..files import write_json
+from ..files import current_umask, write_json
 from ..kernels.quant import pack_bits, pack_nibbles
 from ..cpu.quant import Factored, QuantWeight
 
@@ -277,6 +278,9 @@ def write_checkpoint(out: Path, cfg: ModelConfig, tensors: dict, tokenizer_dir: 
         if chat_template:
             tok_cfg["chat_template"] = chat_template
         write_json(tmp / "tokenizer_config.json", tok_cfg)
+        for f in tmp.iterdir():  # as open() and mkdir() would have made them (mkdtemp and safetensors: owner only)
+            os.chmod(f, 0o666 & ~current_umask())
+        os.chmod(tmp, 0o777 & ~current_umask())
         if out.is_dir():
             out.rmdir()  # empty (checked by the caller)
         tmp.rename(out)
