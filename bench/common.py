@@ -167,11 +167,12 @@ def random_model(name: str, device: str = "cpu"):
     return model.eval().requires_grad_(False)
 
 
-def bench_spec(mode: str, datastore=None):
+def bench_spec(mode: str, datastore=None, block_size: int | None = None):
     """A bench mode -> ``d3d.SpecConfig``: the compact form ``generate --spec`` reads, commas for spaces
     ("sync,lookup=0,leaves=3"; ``d3d.decode.config.SpecConfig.parse``), plus the bench's own
     ``store=N``: drafts from ``--datastore`` where N% of the occurrences agree on the first
-    (``d3d.decode.datastore``)."""
+    (``d3d.decode.datastore``). ``block_size``: a bench's ``--block-size``, for a speculative mode
+    that sets none."""
     items = mode.replace(",", " ").split()
     store = [i for i in items if i.startswith("store=")]
     try:
@@ -182,4 +183,6 @@ def bench_spec(mode: str, datastore=None):
         if datastore is None:
             raise SystemExit(f"mode {mode!r}: store= needs --datastore DIR (an answer store of this target)")
         spec = spec.replace(datastore=datastore.at(int(store[-1].removeprefix("store=")) / 100))
+    if block_size is not None and spec.block_size is None and spec.mode != "ar":
+        spec = spec.replace(block_size=block_size)
     return spec

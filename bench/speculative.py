@@ -51,8 +51,6 @@ def run_mode(target, drafter, prompt, mode: str, args):
     if mode == "ar-fp32":  # the fp32 baseline beside the policy's dtype: speedups are quoted vs the faster
         target, mode = args.fp32_target, "ar"
     spec = args.specs[mode]
-    if spec.block_size is None and spec.mode != "ar":
-        spec = spec.replace(block_size=args.block_size)
     draft = args.dflash_drafter if spec.mode == "dflash" else drafter
     t = time.perf_counter()
     out = d3d.generate(target, prompt, max_new_tokens=args.new_tokens, spec=spec, drafter=draft, stop_ids=args.stop_ids)
@@ -146,7 +144,8 @@ def parser() -> argparse.ArgumentParser:
                     help="ask the prompts as user turns in the target's chat format (humaneval, mtbench) and stop "
                          "at its end-of-turn token, as an instruction-tuned model is used (default: raw text, "
                          "exactly --new-tokens per prompt)")
-    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="tokens per round of every speculative mode whose spec sets none (default: the drafter's)")
     ap.add_argument("--modes", nargs="+", default=["ar", "ar-fp32", "sync", "sync,exact=true", "async",
                                                    "async,overlap=packed", "async,successor_threshold=0"],
                     help="ar, ar-fp32, or d3d.SpecConfig's compact form with commas (sync,lookup=0,leaves=3); "
@@ -228,7 +227,7 @@ def main(argv=None) -> dict:
         args.datastore = d3d.load_datastore(args.datastore_dir, target)
         print(f"datastore {args.datastore_dir}: {len(args.datastore)} tokens indexed in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr)
-    args.specs = {m: bench_spec("ar" if m == "ar-fp32" else m, args.datastore) for m in args.modes}
+    args.specs = {m: bench_spec("ar" if m == "ar-fp32" else m, args.datastore, args.block_size) for m in args.modes}
     args.fp32_target = (d3d.load_model(target_dir, dtype="float32", device=args.device)
                         if "ar-fp32" in args.modes else None)
     args.dflash_drafter = None
@@ -249,6 +248,7 @@ def main(argv=None) -> dict:
     print(results_table(results))
     config = {k: v for k, v in vars(args).items() if k not in ("dflash_drafter", "fp32_target", "datastore", "specs")}
     config["dtype_used"] = str(target.dtype).removeprefix("torch.")
+    config["block_size"] = args.block_size or drafter.block_size  # as the rounds ran (d3d.SpecConfig.resolve)
     payload = {"bench": "speculative", "machine": machine(), "config": config,
                "target": str(target_dir), "drafter": str(drafter_dir),
                "target_parameters": target.cfg.num_parameters(),

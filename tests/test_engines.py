@@ -183,9 +183,11 @@ def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     default = library_generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
                                on_round=(seen := []).append, spec=SpecConfig(mode=mode, lookup=0))
     assert default.tokens == full.tokens and seen[0].min_prob == 0.05  # auto: the prior, then measured
+    from d3d.decode.row_price import PricedCut
+
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     resolve = lambda device, **kw: SpecConfig(mode, **kw).resolve(device)  # noqa: E731
-    assert resolve(cpu).verify_min_prob == "auto"
+    assert resolve(cpu).verify_min_prob == PricedCut(gate=mode == "sync")  # auto: measured as it runs
     # leaves: two in sync on every device (the row price drops those not worth their row), none in async
     assert resolve(cpu).leaves == resolve(cuda).leaves == (2 if mode == "sync" else 0)
     assert resolve(cpu, leaves=3).leaves == 3

@@ -2,8 +2,12 @@
 
 Every knob is a field; ``None`` means the measured default of the device, filled in by ``resolve``
 from one table (``defaults``), each entry beside the result that chose it (the figures are in
-docs/results.md, "How each default was chosen"). ``parse`` reads the compact form the CLI's
-``--spec`` and the bench's ``--modes`` share ("sync lookup=3 leaves=2"); ``str`` writes it back.
+docs/results.md, "How each default was chosen"). ``resolve`` is the one place a spec becomes what a
+round reads: every field concrete, ``block_size`` the drafter's when unset, and the two thresholds
+that may be measured as decoding runs ("auto") turned into rules a round calls with its row price
+(``d3d.decode.row_price``: ``Fixed``, ``PricedCut``, ``PricedSuccessor``). ``parse`` reads the compact
+form the CLI's ``--spec`` and the bench's ``--modes`` share ("sync lookup=3 leaves=2"); ``str`` writes
+it back, a resolved spec's too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .row_price import Fixed, PricedCut, PricedSuccessor, as_cut, as_successor_threshold
 
 if TYPE_CHECKING:
     from .datastore import Datastore
@@ -35,16 +40,17 @@ class Sampling:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """How to decode. Every field but ``mode`` may stay None: the device's measured default."""
+    """How to decode. Every field but ``mode`` may stay None: the device's measured default, set by
+    ``resolve``."""
 
     mode: str = "ar"  # ar, sync (draft then verify), async (D3D: draft ahead beside verification), dflash
     block_size: int | None = None  # tokens per round B (None: the drafter's)
     lookup: int | None = None  # copy the draft from the context after a match of this many tokens; 0 never
     leaves: int | None = None  # the drafter's likeliest bonus tokens verified beside the drafts
-    verify_min_prob: float | str | None = None  # verify drafts while their joint estimate beats this; "auto"
+    verify_min_prob: "float | str | Fixed | PricedCut | None" = None  # verify drafts while their joint estimate beats this; "auto"
     hypotheses: int | None = None  # async: outcomes (accept length, bonus) drafted ahead per round
     fanout: int | None = None  # async: bonus candidates per accept length
-    successor_threshold: float | str | None = None  # async: least estimated hit probability worth drafting ahead; "auto"
+    successor_threshold: "float | str | Fixed | PricedSuccessor | None" = None  # async: least estimated hit probability worth drafting ahead; "auto"
     overlap: str | None = None  # async: how the draft-ahead pass runs beside verification (OVERLAPS)
     exact: bool | None = None  # verify attention one row at a time (bit-exact low precision; None: auto)
     datastore: "Datastore | None" = field(default=None, compare=False)  # retrieved drafts (REST)
@@ -89,9 +95,11 @@ class SpecConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
                 raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
         p = self.verify_min_prob
+        p = p.value if isinstance(p, Fixed) else "auto" if isinstance(p, PricedCut) else p  # resolved
         if p is not None and p != "auto" and not (_real(p) and 0 <= p <= 1):
             raise ValueError(f"verify_min_prob={p!r}: must be a probability in [0, 1] or 'auto' (measured as it runs)")
         t = self.successor_threshold
+        t = t.value if isinstance(t, Fixed) else "auto" if isinstance(t, PricedSuccessor) else t
         if t is not None and t != "auto" and not (_real(t) and t >= 0):
             raise ValueError(f"successor_threshold={t!r}: must be a number >= 0 (above 1: never draft ahead) or 'auto'")
         if self.overlap is not None and self.overlap not in OVERLAPS:
@@ -108,18 +116,24 @@ class SpecConfig:
                 raise ValueError(f"datastore with mode={self.mode!r}: datastore drafts are for the D3D modes, "
                                  "sync and async")
 
-    def resolve(self, device: torch.device, int8_activations: bool = False,
-                row_invariant: bool = False) -> "SpecConfig":
-        """Every unset field filled with the device's default (``defaults``), then checked as a whole.
-        ``row_invariant``: the target's decoding attention rounds every row as a one-token step does
-        whatever the layout (``d3d.kernels.attention_cpu``), so verification is exact by itself, leaves
-        and packed passes included. Else ``int8_activations`` (the target's weights multiply int8
-        activations) turns ``exact`` on, and exact verification attends one row at a time."""
+    def resolve(self, device: torch.device, int8_activations: bool = False, row_invariant: bool = False,
+                drafter_block_size: int | None = None) -> "SpecConfig":
+        """What a round reads: every unset field filled with the device's default (``defaults``) and
+        ``block_size`` with the drafter's (``drafter_block_size``; left unset only where no drafter is
+        named, as in doctor's report), the thresholds as the rules a round calls (module docstring),
+        then checked as a whole. ``row_invariant``: the target's decoding attention rounds every row as
+        a one-token step does whatever the layout (``d3d.kernels.attention_cpu``), so verification is
+        exact by itself, leaves and packed passes included. Else ``int8_activations`` (the target's
+        weights multiply int8 activations) turns ``exact`` on, and exact verification attends one row
+        at a time."""
         self.check()
         exact_auto = self.exact is None and int8_activations and not row_invariant
         exact = (int8_activations or row_invariant) if self.exact is None else self.exact
         table = defaults(device, self.mode, exact and not row_invariant, int8_activations)
-        spec = self.replace(exact=exact, **{k: v for k, v in table.items() if getattr(self, k) is None})
+        spec = self.replace(exact=exact, block_size=self.block_size or drafter_block_size,
+                            **{k: v for k, v in table.items() if getattr(self, k) is None})
+        spec = spec.replace(verify_min_prob=as_cut(spec.verify_min_prob, gate=spec.mode != "async"),
+                            successor_threshold=as_successor_threshold(spec.successor_threshold))
         if spec.exact and spec.leaves and not row_invariant:
             why = (f"leaves={spec.leaves} with a target with int8 activations (its speculative modes verify with "
                    "exact=True; d3d/cpu/quant.py)" if exact_auto else f"exact=True with leaves={spec.leaves}")

@@ -25,7 +25,7 @@ class DFlashDecoder(Decoder):
     def __init__(self, target: Transformer, drafter, spec: SpecConfig, sampling: Sampling, stop_ids: set[int],
                  rows: int, max_len: int, stream: StreamFn | None = None,
                  on_round: Callable[[RoundInfo], None] | None = None):
-        self.B = B = spec.block_size or drafter.block_size
+        self.B = B = spec.block_size
         super().__init__(target, GenerationStats("dflash", rows, [0] * rows, [0] * rows, block_size=B,
                                                  accept_hist=[0] * B), sampling, stop_ids, stream)
         self.drafter, self.exact, self.on_round, self.rnd = drafter, spec.exact, on_round, 0

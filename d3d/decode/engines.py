@@ -141,8 +141,8 @@ def generate(
 def resolved_spec(model: Transformer, drafter, spec: SpecConfig) -> SpecConfig:
     """A speculative ``spec`` with every knob set for this model and drafter (the drafter checked)."""
     check_drafter(model, drafter, spec)
-    spec = spec.resolve(model.device, model.int8_activations, attention_cpu.row_invariant(model.device, model.cfg))
-    return spec.replace(block_size=spec.block_size or drafter.block_size)
+    return spec.resolve(model.device, model.int8_activations, attention_cpu.row_invariant(model.device, model.cfg),
+                        drafter.block_size)
 
 
 def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:

@@ -39,6 +39,8 @@ depend on timing, the tokens do not (every cut is lossless).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 DRAFT_DECAY = 0.25  # the weight of a new round in the rates of drafting rounds, plain steps and drafter passes
 
@@ -143,4 +145,72 @@ class RowPrice:
         return min(self.ceiling, self.rate() * b)
 
 
-__all__ = ["RowPrice"]
+@dataclass(frozen=True)
+class Fixed:
+    """A threshold set by hand (``verify_min_prob=P``, ``successor_threshold=T``): the same every round.
+    As a round's cut it cuts drafts only (leaves are verified whatever their score) and every round
+    asks the drafter."""
+
+    value: float
+
+    def __call__(self, price: RowPrice) -> float:
+        return self.value
+
+    def leaf_floor(self, min_prob: float) -> float:
+        return 0.0
+
+    def drafts(self, price: RowPrice, rows: int) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class PricedCut:
+    """``verify_min_prob=auto``: the round's cut is the measured R * b (``RowPrice.min_prob``), for
+    drafts and leaves alike; with ``gate`` (sync) a batch asks the drafter only while drafting rounds
+    commit faster than plain steps (``RowPrice.draft``)."""
+
+    gate: bool = True
+
+    def __call__(self, price: RowPrice) -> float:
+        return price.min_prob()
+
+    def leaf_floor(self, min_prob: float) -> float:
+        return min_prob
+
+    def drafts(self, price: RowPrice, rows: int) -> bool:
+        return price.draft(rows) if self.gate else True
+
+    def __str__(self) -> str:
+        return "auto"
+
+
+@dataclass(frozen=True)
+class PricedSuccessor:
+    """``successor_threshold=auto``: the least hit chance worth a hypotheses pass, measured
+    (``RowPrice.successor_threshold``)."""
+
+    def __call__(self, price: RowPrice) -> float:
+        return price.successor_threshold()
+
+    def __str__(self) -> str:
+        return "auto"
+
+
+def as_cut(value, gate: bool) -> "Fixed | PricedCut":
+    """A ``verify_min_prob`` value ("auto" or a probability) as the rule a round calls."""
+    if isinstance(value, (Fixed, PricedCut)):
+        return value
+    return PricedCut(gate) if value == "auto" else Fixed(value)
+
+
+def as_successor_threshold(value) -> "Fixed | PricedSuccessor":
+    """A ``successor_threshold`` value ("auto" or a number) as the rule a round calls."""
+    if isinstance(value, (Fixed, PricedSuccessor)):
+        return value
+    return PricedSuccessor() if value == "auto" else Fixed(value)
+
+
+__all__ = ["RowPrice", "Fixed", "PricedCut", "PricedSuccessor", "as_cut", "as_successor_threshold"]

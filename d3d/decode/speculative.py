@@ -49,7 +49,7 @@ from .sources import Draft, draft_sources
 from ..model.cache import branches
 from ..model.transformer import Transformer
 from .overlap import Verification, make_overlap
-from .row_price import RowPrice
+from .row_price import Fixed, PricedCut, RowPrice
 from .sampling import check_lossless_sampling
 
 if TYPE_CHECKING:
@@ -331,14 +331,13 @@ class SpeculativeDecoder(Decoder):
     def __init__(self, target: Transformer, drafter: "Drafter", spec: SpecConfig, sampling: Sampling,
                  stop_ids: set[int], rows: int, max_len: int, stream: StreamFn | None = None,
                  on_round: Callable[[RoundInfo], None] | None = None):
-        B, use_hyps = spec.block_size or drafter.block_size, spec.mode == "async"
+        B, use_hyps = spec.block_size, spec.mode == "async"
         K = spec.hypotheses if drafter.dcfg.denoise_steps == 1 else 1
         super().__init__(target, GenerationStats(spec.mode, rows, [0] * rows, [0] * rows, block_size=B,
                                                  accept_hist=[0] * B, hits_by_accept=[0] * B),
                          sampling, stop_ids, stream)
         self.spec, self.on_round, self.rnd = spec, on_round, 0
         self.price = RowPrice()  # the one cost model: what a verified row, a drafter pass, a hypotheses pass cost
-        self.auto_cut = spec.verify_min_prob == "auto"
         self.ov = make_overlap(spec.overlap if use_hyps else "none", self.clock, target, drafter)
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
@@ -370,13 +369,12 @@ class SpeculativeDecoder(Decoder):
             return rows
         began = clock.now()
         # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
-        r = side.prepare(rows, clock, drafter=self.price.draft(len(rows)) if self.auto_cut and not side.use_hyps else True)
+        r = side.prepare(rows, clock, drafter=self.spec.verify_min_prob.drafts(self.price, len(rows)))
         # plan: how many drafts and which leaves are worth their rows
-        plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price if self.auto_cut else None, stats)
+        plan = plan_round(rows, r.drafts, side, self.spec.verify_min_prob, self.price, stats)
         # 2 verify || 3 draft ahead for the likeliest outcomes (async)
         hyps = {i: side.likeliest_outcomes(plan.drafts[i]) for i in rows}
-        t = self.spec.successor_threshold
-        job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps, self.price.successor_threshold() if t == "auto" else t)
+        job, hyp_rows = side.start_hypotheses(rows, plan.drafts, hyps, self.spec.successor_threshold(self.price))
         drafts = [plan.drafts[i].tokens for i in rows]
         t_logits, d_logits, v_span, d_span = self.ov.run(seqs.verification(rows, drafts, self.spec.exact, plan.leaves),
                                                          job)
@@ -412,17 +410,18 @@ class Plan:
 
     drafts: dict[int, Draft]
     leaves: list[list[Hypothesis]]
-    min_prob: float | str
+    min_prob: float
 
 
-def plan_round(rows: list[int], drafts: dict[int, Draft], side: "Drafting", min_prob: float | str,
-               price: RowPrice | None, stats: GenerationStats) -> Plan:
-    """The drafts worth their rows (each row's longest run whose joint estimate beats ``min_prob``,
-    ``Draft.likely_length``) and the leaves: a fixed ``min_prob`` cuts drafts only; with ``"auto"``
-    the measured ``price`` (``d3d.decode.row_price``) is the threshold, for any row, leaves too."""
-    min_prob = price.min_prob() if price else min_prob
+def plan_round(rows: list[int], drafts: dict[int, Draft], side: "Drafting", cut: "Fixed | PricedCut",
+               price: RowPrice, stats: GenerationStats) -> Plan:
+    """The drafts worth their rows (each row's longest run whose joint estimate beats the round's
+    ``cut``, ``Draft.likely_length``) and the leaves: a fixed cut cuts drafts only; a priced one
+    (``verify_min_prob=auto``) is the measured ``price`` of a row (``d3d.decode.row_price``), for
+    drafts and leaves alike."""
+    min_prob = cut(price)
     widths = verify_widths([drafts[i] for i in rows], min_prob)
-    leaves = [side.leaves(drafts[i], n, min_prob if price else 0.0) for i, n in zip(rows, widths)]
+    leaves = [side.leaves(drafts[i], n, cut.leaf_floor(min_prob)) for i, n in zip(rows, widths)]
     stats.verified_drafts += sum(widths)
     stats.verified_leaves += sum(map(len, leaves))
     return Plan({i: drafts[i].truncated(n) for i, n in zip(rows, widths)}, leaves, min_prob)
