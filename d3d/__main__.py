@@ -497,7 +497,7 @@ def add_serve_parser(sub) -> None:
 def cmd_serve(args) -> int:
     import d3d
     from d3d.decode.config import SpecConfig
-    from d3d.draft.pick import pick_drafter
+    from d3d.draft.pick import decide_mode, pick_drafter
     from d3d.serve.server import model_name, run_forever, serve
 
     model_dir = target_dir(args.model)
@@ -505,8 +505,8 @@ def cmd_serve(args) -> int:
     asked, knobs = spec_from_args(args)
     if asked == "dflash":
         raise ValueError("--mode dflash: d3d serve decodes ar, sync and async (DFlash is the offline baseline)")
-    mode, drafter, note = pick_drafter(target, None if asked == "ar" else asked, args.drafter)
-    mode = asked or mode  # ar still loads a drafter: a request may ask for sync or async
+    picked, drafter, note = pick_drafter(target, None if asked == "ar" else asked, args.drafter)
+    mode = decide_mode(asked, default=picked)  # ar still loads a drafter: a request may ask for sync or async
     if note:
         print(f"d3d serve: {note}", file=sys.stderr)
     spec = SpecConfig(mode, **knobs)

@@ -40,3 +40,32 @@ def test_resolve_fills_only_unset_knobs_and_refuses_contradictions():
         SpecConfig("sync", leaves=1).resolve(cpu, int8_activations=True)
     with pytest.raises(ValueError, match="overlap='none'"):
         SpecConfig("async", exact=True, overlap="packed").resolve(cpu)
+
+
+def test_resolve_leaves_nothing_to_decide_in_a_round():
+    """A resolved spec has a value in every field (thresholds as the rules a round calls, B the drafter's),
+    writes back the compact form it came from, and resolving it again changes nothing."""
+    from d3d.decode.row_price import Fixed, PricedCut, PricedSuccessor, RowPrice
+
+    cpu = torch.device("cpu")
+    for text in ("sync", "async", "sync verify_min_prob=0.2 successor_threshold=0 block_size=8"):
+        spec = SpecConfig.parse(text).resolve(cpu, drafter_block_size=16)
+        assert all(getattr(spec, k) is not None for k in HELP) and spec.block_size == (8 if "block_size" in text else 16)
+        assert SpecConfig.parse(str(spec)).resolve(cpu, drafter_block_size=16) == spec == spec.resolve(cpu)
+    sync, fixed = SpecConfig("sync").resolve(cpu), SpecConfig("async", verify_min_prob=0.2).resolve(cpu)
+    assert sync.verify_min_prob == PricedCut(gate=True) and sync.successor_threshold == PricedSuccessor()
+    assert SpecConfig("async").resolve(cpu).verify_min_prob == PricedCut(gate=False)  # async never skips drafting
+    assert fixed.verify_min_prob == Fixed(0.2) and fixed.verify_min_prob(RowPrice()) == 0.2
+    assert sync.verify_min_prob(RowPrice(prior=0.07)) == 0.07  # measured: the price's prior until it knows more
+
+
+def test_the_mode_is_decided_in_one_place():
+    from d3d.decode.config import Sampling
+    from d3d.draft.pick import decide_mode
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert decide_mode(None) == "ar" and decide_mode("sync") == "sync" and decide_mode(None, cpu, "dflash") == "dflash"
+    assert decide_mode(None, cpu, "d3d") == "sync" and decide_mode(None, cuda, "d3d") == "async"
+    assert decide_mode(None, default="async") == "async" and decide_mode("ar", default="async") == "ar"
+    assert decide_mode("sync", sampling=Sampling(1.0, top_p=0.9)) == "ar"  # lossless at T, not at a truncation
+    assert decide_mode("sync", sampling=Sampling(0.0, top_p=0.9)) == decide_mode("sync", sampling=Sampling(1.0)) == "sync"

@@ -24,6 +24,22 @@ def default_mode(device: torch.device) -> str:
     return "async" if device.type == "cuda" else "sync"
 
 
+def decide_mode(asked: str | None, device: "torch.device | None" = None, kind: str | None = None,
+                default: str | None = None, sampling=None) -> str:
+    """The mode a run or a request decodes in, decided here alone (a library call without a spec is
+    ``SpecConfig``'s ar). ``sampling`` with a truncation (top_k or top_p at T > 0) decodes ar whatever
+    was asked: speculative modes are lossless at T, not at a truncation. Else the mode ``asked`` for;
+    else ``default`` (a server's mode, for a request that names none); else the drafter's: dflash for a
+    DFlash drafter (``kind``), ``default_mode`` of the device for a D3D one, ar without one."""
+    if sampling is not None and sampling.temperature > 0 and (sampling.top_k, sampling.top_p) != (None, None):
+        return "ar"
+    if asked or default:
+        return asked or default
+    if kind is None:
+        return "ar"
+    return "dflash" if kind == "dflash" else default_mode(device)
+
+
 def drafter_kind(path: Path) -> str:
     """'d3d' or 'dflash', from the drafter directory's config.json (named in every error)."""
     config = path / "config.json"
@@ -47,17 +63,17 @@ def load_any(path: Path, kind: str, model):
 
 
 def pick_drafter(model, mode: str | None, drafter: str | Path | None = None):
-    """``(mode, drafter or None, note)``. An explicit ``drafter`` directory decides the drafter and its
-    kind the default mode (D3D: ``default_mode`` of the device, sync on a CPU and async on CUDA;
-    DFlash: dflash); an explicit ``mode`` must fit it. Without one, the first bundled drafter of the
+    """``(mode, drafter or None, note)``, the mode by ``decide_mode``. An explicit ``drafter`` directory
+    decides the drafter and its kind the default mode (D3D: ``default_mode`` of the device, sync on a
+    CPU and async on CUDA; DFlash: dflash); an explicit ``mode`` must fit it. Without one, the first bundled drafter of the
     mode's kind that fits ``model`` is used; where none fits, the default is ar and ``note`` says why,
     and an explicit speculative ``mode`` is an error that names what is missing."""
     if mode == "ar":
-        return "ar", None, ""
+        return mode, None, ""
     if drafter:
         path = Path(drafter)
         kind = drafter_kind(path)
-        mode = mode or ("dflash" if kind == "dflash" else default_mode(model.device))
+        mode = decide_mode(mode, model.device, kind)
         if (mode == "dflash") != (kind == "dflash"):
             raise ValueError(f"--mode {mode} needs a {'DFlash' if mode == 'dflash' else 'D3D'} drafter; "
                              f"{path / 'config.json'} is a {'DFlash' if kind == 'dflash' else 'D3D'} drafter")
@@ -75,8 +91,8 @@ def pick_drafter(model, mode: str | None, drafter: str | Path | None = None):
             why.append(f"models/{name} does not fit it ({str(e).split(': ', 1)[-1]})")
             continue
         note = "" if name in (BUNDLED_DRAFTER, BUNDLED_DFLASH) else f"drafter: the bundled models/{name}"
-        return mode or default_mode(model.device), loaded, note
+        return decide_mode(mode, model.device, kind), loaded, note
     if mode:  # a speculative mode asked for explicitly: say what is missing
         raise ValueError(f"--mode {mode} needs a {'DFlash' if kind == 'dflash' else 'D3D'} drafter for this model: "
                          + "; ".join(why) + "; pass --drafter DIR")
-    return "ar", None, "autoregressive: no bundled drafter fits this model; pass --drafter DIR"
+    return decide_mode(mode, model.device), None, "autoregressive: no bundled drafter fits this model; pass --drafter DIR"

@@ -33,6 +33,7 @@ from collections import deque
 from ..decode.config import Sampling, SpecConfig
 from ..decode.engines import ArDecoder, resolved_spec
 from ..decode.speculative import SpeculativeDecoder
+from ..draft.pick import decide_mode
 from .protocol import Request
 
 
@@ -97,9 +98,7 @@ class Scheduler:
 
     def submit(self, req: Request, events=None) -> Job:
         """Queue ``req`` for decoding; its events go to ``events`` (``Job``)."""
-        mode = req.mode or self.spec.mode
-        if req.sampling.top_p is not None and req.sampling.temperature > 0:
-            mode = "ar"  # speculative sampling is lossless at T, not at a truncation
+        mode = decide_mode(req.mode, default=self.spec.mode, sampling=req.sampling)
         job = Job(req, mode, self.tok, events)
         with self.lock:
             if self.closed:
