@@ -8,7 +8,9 @@ spent on random initialisation, and the checkpoint tensors are assigned directly
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -266,7 +268,10 @@ def read_state(path: Path, cfg: ModelConfig, skip: tuple[str, ...] = (),
     wanted.update(extra or {})
     tensors = read_tensors(path, wanted, optional, lazy=bool(quantized), partial=partial)
     state = {}
-    for ours, parts in nmap.items():  # one matrix at a time: its file bytes are freed once it is in panels
+    # one matrix at a time, its file bytes freed once it is in panels; the largest first, while little else is
+    # held, so the peak is the model plus a small matrix's temporaries, not plus the LM head's
+    by_size = sorted(nmap.items(), key=lambda item: -sum(math.prod(shape) for _, shape in item[1]))
+    for ours, parts in by_size:
         ws = [_quant_parts(tensors, hf, shape, path) if hf in quantized else tensors.pop(hf) for hf, shape in parts]
         if any(hf in quantized for hf, _ in parts):
             if not all(hf in quantized for hf, _ in parts):
@@ -320,7 +325,18 @@ def load_model(
     model.load_state_dict(state, strict=True, assign=True)
     model.weights_choice = choice
     model.source = path.resolve()
-    return model.eval().requires_grad_(False).pack_for_cpu()
+    model = model.eval().requires_grad_(False).pack_for_cpu()
+    trim_heap()
+    return model
+
+
+def trim_heap() -> None:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim; elsewhere nothing): loading
+    converts each matrix through temporaries, and their pages would otherwise stay in the process."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Embeddings:

@@ -79,12 +79,16 @@ def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tens
     """
     d = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
-    t = torch.arange(cfg.max_position_embeddings, dtype=torch.float64, device=device)
-    freqs = torch.outer(t, inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
     sign = torch.cat([-torch.ones(d // 2, dtype=torch.float64, device=device),
                       torch.ones(d // 2, dtype=torch.float64, device=device)])
-    return emb.cos().float(), (emb.sin() * sign).float()
+    n = cfg.max_position_embeddings
+    cos, sin = (torch.empty(n, d, device=device) for _ in range(2))
+    for p in range(0, n, 4096):  # in chunks: the float64 temporaries of 32k positions would be ~100 MB
+        t = torch.arange(p, min(n, p + 4096), dtype=torch.float64, device=device)
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos[p: p + len(t)], sin[p: p + len(t)] = emb.cos(), emb.sin() * sign
+    return cos, sin
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, dtype: torch.dtype | None = None
