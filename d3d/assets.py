@@ -37,7 +37,7 @@ BUNDLED_TARGET = "target-16m"
 BUNDLED_DRAFTER = "d3d-drafter-16m"
 BUNDLED_DFLASH = "dflash-drafter-16m"
 # the drafter for the real Qwen2.5-Coder-0.5B-Instruct (the target itself is not shipped: see
-# bench/get_qwen25_coder.sh)
+# `python -m d3d fetch qwen2.5-coder-0.5b`)
 BUNDLED_QWEN_DRAFTER = "d3d-drafter-qwen2.5-coder-0.5b"
 
 

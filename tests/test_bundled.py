@@ -71,7 +71,7 @@ QWEN_DRAFTER = models_dir() / BUNDLED_QWEN_DRAFTER
 
 def test_bundled_qwen_drafter_files():
     """The real-model drafter ships without its target (630M parameters, rebuilt by
-    bench/get_qwen25_coder.sh): check every tensor against its config and the drafting vocabulary."""
+    `python -m d3d fetch qwen2.5-coder-0.5b`): check every tensor against its config and the drafting vocabulary."""
     from d3d.model.checkpoint import SHARED_EMBEDDINGS, read_state
     from d3d.model.config import ModelConfig
     from d3d.draft.drafter import DRAFT_VOCAB, DrafterConfig, check_draft_vocab

@@ -42,3 +42,13 @@ def test_layout_names_every_cli_command():
     commands = {"train-*" if name.startswith("train-") else name for name in sub.choices}
     assert listed == commands, f"README's __main__.py line: missing {sorted(commands - listed)}, " \
                                f"not a command {sorted(listed - commands)}"
+
+
+def test_first_screen_shows_what_make_demo_prints():
+    """The first 40 lines show the demo's last line as the demo prints it (d3d/demo.py's format)."""
+    import re
+
+    first = "\n".join(README.splitlines()[:40])
+    assert re.search(r"^sync: \d+ tokens at [\d.]+ tok/s, τ [\d.]+ \| ar: \d+ tokens at [\d.]+ tok/s \| "
+                     r"[\d.]+x ar, identical to ar: yes$", first, re.M)
+    assert "make demo MODEL=bundled" in first

@@ -4,7 +4,7 @@
 # README command), side by side in one run per set (~35 min, AVX2 fp32).
 #   bash docs/results/copy-length/evaluate.sh TARGET_DIR [OUT_DIR]
 set -euo pipefail
-T=${1:?target directory (bench/get_qwen25_coder.sh)}
+T=${1:?target directory (python -m d3d fetch qwen2.5-coder-0.5b)}
 D=${2:-docs/results/copy-length}
 for spec in "humaneval 16" "mtbench 8"; do
   set -- $spec

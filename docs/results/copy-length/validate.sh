@@ -5,7 +5,7 @@
 #   bash docs/results/copy-length/validate.sh TARGET_DIR [OUT_DIR]
 # The second run: RUN=2 MODES= bash docs/results/copy-length/validate.sh TARGET_DIR (no 0.2)
 set -euo pipefail
-T=${1:?target directory (bench/get_qwen25_coder.sh)}
+T=${1:?target directory (python -m d3d fetch qwen2.5-coder-0.5b)}
 D=${2:-docs/results/copy-length}
 for set in code explain; do
   python -m bench speculative --target "$T" --drafter models/d3d-drafter-qwen2.5-coder-0.5b --chat --validation \

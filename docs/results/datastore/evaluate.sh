@@ -3,7 +3,7 @@
 # ar, sync (defaults) and sync with datastore drafts, side by side in one run per set (~25 min, AVX2 fp32).
 #   bash docs/results/datastore/evaluate.sh TARGET_DIR [OUT_DIR]
 set -euo pipefail
-T=${1:?target directory (bench/get_qwen25_coder.sh)}
+T=${1:?target directory (python -m d3d fetch qwen2.5-coder-0.5b)}
 D=${2:-docs/results/datastore}
 for spec in "humaneval 16" "mtbench 8"; do
   set -- $spec

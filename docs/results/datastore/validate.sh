@@ -4,7 +4,7 @@
 # in one run per set (~40 min on a 2-core AVX2 CPU in fp32).
 #   bash docs/results/datastore/validate.sh TARGET_DIR [OUT_DIR]
 set -euo pipefail
-T=${1:?target directory (bench/get_qwen25_coder.sh)}
+T=${1:?target directory (python -m d3d fetch qwen2.5-coder-0.5b)}
 D=${2:-docs/results/datastore}
 for set in code explain; do
   python -m bench speculative --target "$T" --drafter models/d3d-drafter-qwen2.5-coder-0.5b --chat --validation \
