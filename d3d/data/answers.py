@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..files import atomic, write_json
+from ..cpu.quant import is_quantized
 from ..model.transformer import Transformer
 
 FORMAT = 1
@@ -40,8 +41,10 @@ FORMAT = 1
 def target_fingerprint(target: Transformer) -> str:
     """A short hash of the target's config and first embedding rows: which model wrote an answer.
     The rows are hashed as bf16 so that the fingerprint names the model, not the dtype it was loaded
-    in (the store's chunks record their dtype): an AVX2 machine answers in fp32, an avx512_bf16 one in bf16."""
-    rows = target.embed_tokens.weight[:4].detach().to(torch.bfloat16).float()
+    in (the store's chunks record their dtype): an AVX2 machine answers in fp32, an avx512_bf16 one in bf16,
+    a quantized checkpoint through its blocks (whose rows are read dequantized)."""
+    w = target.embed_tokens.weight
+    rows = (w.dequantize(torch.arange(4)) if is_quantized(w) else w[:4].detach()).to(torch.bfloat16).float()
     return hashlib.sha256(json.dumps(target.cfg.to_hf(), sort_keys=True).encode()
                           + rows.cpu().numpy().tobytes()).hexdigest()[:16]
 
