@@ -5,6 +5,8 @@ prompts only), four engines answer greedily with the same prompt tokens and the 
 
     llama-ar      llama.cpp ``llama-completion`` (plain decoding of the GGUF)
     llama-lookup  llama.cpp ``llama-lookup`` (its prompt-lookup speculation, ``--spec-draft-n-max``)
+    llama-spec    llama.cpp ``llama-speculative-simple`` with a draft model (``--llama-draft GGUF``; for the
+                  1.5B by name, the 0.5B's GGUF where fetched), its defaults (3 drafts)
     d3d-ar        d3d ``ar`` on the checkpoint ``convert-gguf`` wrote (``weights="auto"``)
     d3d           d3d's defaults (``python -m d3d generate``: sync with the drafter on a CPU, its defaults)
 
@@ -38,28 +40,34 @@ import torch
 
 import d3d
 from d3d.draft.pick import pick_drafter
-from d3d.fetch import gguf_path, is_real_model, resolve_model
+from d3d.fetch import gguf_path, is_real_model, lookup, resolve_model
 from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
 
-ENGINES = ("llama-ar", "llama-lookup", "d3d-ar", "d3d")
+ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d")
 
 
-def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int) -> dict:
-    """One llama.cpp generation: {"tokens", "seconds" (prompt + generation), "text"}."""
+def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int,
+              draft: Path | None = None) -> dict:
+    """One llama.cpp generation: {"tokens", "seconds" (prompt + generation), "text"}; ``lookup`` > 0:
+    llama-lookup's drafts, ``draft``: llama-speculative-simple's draft model (both report alike)."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     cmd = [str(binary), "-m", str(gguf), "-f", f.name, "-n", str(new_tokens), "-t", str(threads), "--temp", "0",
            "-s", "0", "-c", "4096"]
-    cmd += ["--spec-draft-n-max", str(lookup)] if lookup else ["-no-cnv", "--no-display-prompt", "--simple-io",
-                                                                 "--no-warmup"]
+    if draft:
+        cmd += ["-md", str(draft), "--spec-type", "draft-simple"]
+    elif lookup:
+        cmd += ["--spec-draft-n-max", str(lookup)]
+    else:
+        cmd += ["-no-cnv", "--no-display-prompt", "--simple-io", "--no-warmup"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     Path(f.name).unlink()
     if p.returncode != 0:
         raise RuntimeError(f"{binary.name} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
     err = p.stderr
-    if lookup:
+    if lookup or draft:
         enc = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
         dec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
         if not (enc and dec):
@@ -90,9 +98,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lookup-drafts", type=int, default=10, help="llama-lookup's --spec-draft-n-max (default 10)")
+    ap.add_argument("--llama-draft", default=None,
+                    help="a draft model GGUF for llama-speculative-simple (the llama-spec engine; default for "
+                         "--target qwen2.5-coder-1.5b: the 0.5B's GGUF where d3d fetch kept it; else no llama-spec)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
-    bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup")}
+    bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup", "llama-speculative-simple")}
     if not args.llama_bin or not all(b.is_file() for b in bins.values()):
         where = f"--llama-bin {args.llama_bin}: no {' or '.join(n for n, b in bins.items() if not b.is_file())}" \
             if args.llama_bin else "no --llama-bin given"
@@ -100,6 +111,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     if args.gguf is None and is_real_model(args.target):
         args.gguf = str(gguf_path(args.target))
+    if args.llama_draft is None and is_real_model(args.target) and lookup(args.target).name == "qwen2.5-coder-1.5b" \
+            and gguf_path("qwen2.5-coder-0.5b").is_file():
+        args.llama_draft = str(gguf_path("qwen2.5-coder-0.5b"))
     args.target = str(resolve_model(args.target, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)))
     for name in ("target", "gguf"):
         if not getattr(args, name) or not Path(getattr(args, name)).exists():
@@ -108,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     tok = d3d.load_tokenizer(args.target)
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
-    engines = ENGINES if drafter is not None else ENGINES[:-1]
+    engines = tuple(e for e in ENGINES if (e != "d3d" or drafter is not None) and (e != "llama-spec" or args.llama_draft))
     if note:
         print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)
     weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
@@ -127,9 +141,10 @@ def main(argv: list[str] | None = None) -> dict | None:
             order = engines if i % 2 == 0 else engines[::-1]
             for engine in order:
                 if engine.startswith("llama"):
-                    lookup = args.lookup_drafts if engine == "llama-lookup" else 0
-                    runs[engine] = llama_run(bins["llama-lookup" if lookup else "llama-completion"], Path(args.gguf),
-                                             text, args.new_tokens, args.threads, lookup)
+                    binary = {"llama-ar": "llama-completion", "llama-spec": "llama-speculative-simple"}.get(engine, engine)
+                    runs[engine] = llama_run(bins[binary], Path(args.gguf), text, args.new_tokens, args.threads,
+                                             args.lookup_drafts if engine == "llama-lookup" else 0,
+                                             Path(args.llama_draft) if engine == "llama-spec" else None)
                 else:
                     spec = "ar" if engine == "d3d-ar" else mode
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
