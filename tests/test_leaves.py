@@ -51,17 +51,19 @@ def test_leaf_logits_are_the_branch_logits_and_a_hit_moves_its_cache_entry():
     """Two rows with uneven leaves in one pass: each leaf's logits equal a plain forward over the
     prefix, the anchor, the drafts before its position and the leaf; committing a leaf hit leaves
     the cache as if the branch had been the drafts."""
-    from d3d.decode.generation import GenerationStats, Output
-    from d3d.decode.speculative import Outcome, Sequences
+    from d3d.decode.sequence import Sequence, Tally
+    from d3d.decode.speculative import Outcome, Verifier
 
     target = tiny_target(seed=31)
     prompts = [[3, 7, 1, 4], [5, 9]]
-    n, stats = 3, GenerationStats("sync", 2, [4, 2], [0, 0], block_size=4, accept_hist=[0] * 4)
-    seqs = Sequences(target, prompts, Output(2, 20, set(), None), stats, target.new_cache(2, 32), 0.0, 0)
-    target(torch.tensor([3, 7, 1, 5]), seqs.tcache.layout([3, 1]), seqs.tcache)  # all but the anchors
+    n, verifier = 3, Verifier(target, target.new_cache(2, 32))
+    seqs = [Sequence(p, 20, id=i) for i, p in enumerate(prompts)]
+    for i, seq in enumerate(seqs):
+        seq.row, seq.tally = i, Tally(block_size=4)
+    target(torch.tensor([3, 7, 1, 5]), verifier.tcache.layout([3, 1]), verifier.tcache)  # all but the anchors
     drafts = torch.tensor([[11, 12, 13], [21, 22, 23]])
     leaves = [[Hypothesis(0, 30, 0.5)], [Hypothesis(2, 31, 0.4), Hypothesis(0, 32, 0.3), Hypothesis(3, 33, 0.2)]]
-    v = seqs.verification([0, 1], drafts.tolist(), leaves=leaves)
+    v = verifier.verification(seqs, drafts.tolist(), leaves=leaves)
     logits = target(v.ids, v.layout, v.cache)
 
     def plain(seq):  # a fresh forward over the whole sequence: the last position's logits
@@ -75,13 +77,15 @@ def test_leaf_logits_are_the_branch_logits_and_a_hit_moves_its_cache_entry():
         for k in range(n + 1):  # the drafts' rows are untouched by the leaves
             torch.testing.assert_close(logits[starts[j] + k], plain(p + drafts[j, :k].tolist()), rtol=1e-4, atol=1e-4)
     # row 1 accepts d_1, d_2 and the leaf (2, 31): its cache then holds prompt + [21, 22, 31]
-    seqs.commit(1, Outcome([21, 22, 31], 40, 0), n)
-    assert seqs.tcache.lengths[1] == 5 and seqs.committed[1] == [5, 9, 21, 22, 31, 40]
+    o = Outcome([21, 22, 31], 40, 0)
+    verifier.keep(seqs[1], o, n)
+    seqs[1].commit(o.accepted + [o.bonus])
+    assert verifier.tcache.lengths[1] == 5 and seqs[1].tokens == [5, 9, 21, 22, 31, 40]
     ref = target.new_cache(1, 32)
     target(torch.tensor([5, 9, 21, 22, 31]), ref.layout([5]), ref)
-    for mine, theirs in zip(seqs.tcache.k + seqs.tcache.v, ref.k + ref.v):
+    for mine, theirs in zip(verifier.tcache.k + verifier.tcache.v, ref.k + ref.v):
         torch.testing.assert_close(mine[1, :, :5], theirs[0, :, :5], rtol=1e-4, atol=1e-5)
-    assert stats.leaf_hits == 1 and stats.accept_hist[3] == 1
+    assert seqs[1].tally.leaf_hits == 1 and seqs[1].tally.accept_hist[3] == 1
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -371,10 +371,10 @@ def test_a_decoding_error_is_a_500_naming_it_and_the_server_goes_on(server, monk
     srv = server[0]
     admit = SpeculativeDecoder.admit
 
-    def failing(self, rows, prompts, max_new, sampling=None):
-        if 77 in max_new:
+    def failing(self, seqs):
+        if any(s.max_new == 77 for s in seqs):
             raise RuntimeError("boom")
-        return admit(self, rows, prompts, max_new, sampling)
+        return admit(self, seqs)
 
     monkeypatch.setattr(SpeculativeDecoder, "admit", failing)
     conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=60)

@@ -109,7 +109,7 @@ def rss_mib() -> float:
 
 
 def busy_rows(srv) -> int:
-    return sum(job is not None for g in list(srv.scheduler.groups.values()) for job in g.rows)
+    return sum(len(g.jobs) for g in list(srv.scheduler.groups.values()))
 
 
 # ------------------------------------------------------------------ stop strings

@@ -9,6 +9,7 @@ import torch
 import d3d.decode.speculative as speculative
 from d3d.decode.config import Sampling, SpecConfig
 from d3d.decode.engines import ArDecoder, generate, resolved_spec
+from d3d.decode.sequence import Sequence
 from d3d.decode.speculative import SpeculativeDecoder
 from test_engines import chi2, chi2_threshold, random_drafter, tiny_target
 
@@ -36,15 +37,16 @@ def mixed_batch(target, drafter, mode: str) -> tuple[list[list[int]], list[Sampl
     order = torch.randperm(len(settings), generator=torch.Generator().manual_seed(3)).tolist()
     settings = [settings[k] for k in order]
     if mode == "ar":
-        dec = ArDecoder(target, Sampling(), set(), len(settings), len(PROMPT) + 4)
+        dec = ArDecoder(target, len(settings), len(PROMPT) + 4)
     else:
         spec = resolved_spec(target, drafter, SpecConfig(mode, lookup=0, verify_min_prob=0.05, successor_threshold=0.0))
-        dec = SpeculativeDecoder(target, drafter, spec, Sampling(), set(), len(settings), len(PROMPT) + 4)
-    dec.admit(list(range(len(settings))), [PROMPT] * len(settings), [3] * len(settings), settings)
+        dec = SpeculativeDecoder(target, drafter, spec, len(settings), len(PROMPT) + 4)
+    seqs = [Sequence(PROMPT, 3, s, id=i) for i, s in enumerate(settings)]
+    dec.admit(seqs)
     while dec.step():
         pass
     dec.close()
-    return dec.out.tokens, settings
+    return [s.output for s in seqs], settings
 
 
 def worst_chi2(tokens, settings, target) -> float:

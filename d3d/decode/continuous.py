@@ -21,12 +21,12 @@ with it, whose K/V come from a pass of another shape; docs/results/continuous/RE
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable
 
 import torch
 
 from .engines import check_limits, normalize_prompts
-from .generation import Output
+from .sequence import Sequence
 from ..model.transformer import Transformer
 from .sampling import sample_next
 
@@ -41,8 +41,8 @@ def shared_prefix(prompts: list[list[int]]) -> int:
 
 
 @torch.inference_mode()
-def generate_continuous(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                        stop_ids: Sequence[int] = (), slots: int = 64, share_prefix: bool = True,
+def generate_continuous(model: Transformer, prompts: list[list[int]], max_new_tokens: int,
+                        stop_ids: Iterable[int] = (), slots: int = 64, share_prefix: bool = True,
                         on_done: Callable[[int, list[int]], None] | None = None) -> list[list[int]]:
     """Greedy (T = 0) continuations of every prompt, ``slots`` at a time, in prompt order.
 
@@ -59,42 +59,41 @@ def generate_continuous(model: Transformer, prompts: Sequence[Sequence[int]], ma
     prompts = normalize_prompts([list(p) for p in prompts], model.cfg.vocab_size, "prompts")
     check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
     slots = min(slots, len(prompts))
-    out = Output(len(prompts), max_new_tokens, set(stop_ids), None)
+    stops = set(stop_ids)
+    seqs = [Sequence(p, max_new_tokens, stop_ids=stops, id=i) for i, p in enumerate(prompts)]
     cache = model.new_cache(rows=slots + 1, max_len=max(map(len, prompts)) + max_new_tokens)
     prefix_row, n_shared = slots, shared_prefix(prompts) if share_prefix else 0
     if n_shared:
         model(torch.tensor(prompts[0][:n_shared], device=model.device), cache.layout([n_shared], rows=[prefix_row]),
               cache, logits_index=torch.tensor([n_shared - 1], device=model.device))
-    queue = iter(range(len(prompts)))
-    seq_of: list[int | None] = [None] * slots  # the prompt each cache row is answering
-    feed: dict[int, list[int]] = {}  # cache row -> the tokens it appends in the next pass
+    queue = iter(seqs)
+    feed: dict[int, tuple[Sequence, list[int]]] = {}  # cache row -> its sequence and the tokens it appends next
 
     def admit(row: int) -> None:
-        """Give ``row`` the next prompt in the queue (its old K/V replaced by the shared prefix's),
+        """Give ``row`` the next sequence in the queue (its old K/V replaced by the shared prefix's),
         or retire it."""
-        seq_of[row] = next(queue, None)
-        if seq_of[row] is not None:
+        seq = next(queue, None)
+        if seq is not None:
             cache.share_prefix(prefix_row, row, n_shared)
-            feed[row] = prompts[seq_of[row]][n_shared:]
+            seq.row, feed[row] = row, (seq, seq.tokens[n_shared:])
 
     for row in range(slots):
         admit(row)
     while feed:
         rows = list(feed)
-        layout = cache.layout([len(feed[r]) for r in rows], rows=rows)
-        ids = torch.tensor([t for r in rows for t in feed[r]], device=model.device)
+        layout = cache.layout([len(feed[r][1]) for r in rows], rows=rows)
+        ids = torch.tensor([t for r in rows for t in feed[r][1]], device=model.device)
         logits = model(ids, layout, cache, logits_index=layout.last_token_index())
-        feed = {}
-        for row, t in zip(rows, sample_next(logits, 0.0).tolist()):
-            i = seq_of[row]
-            out.commit(i, [t])
-            if out.done[i]:
+        running, feed = [feed[r][0] for r in rows], {}
+        for seq, t in zip(running, sample_next(logits, 0.0).tolist()):
+            seq.commit([t])
+            if seq.done:
                 if on_done:
-                    on_done(i, out.tokens[i])
-                admit(row)
+                    on_done(seq.id, seq.output)
+                admit(seq.row)
             else:
-                feed[row] = [t]
-    return out.tokens
+                feed[seq.row] = (seq, [t])
+    return [s.output for s in seqs]
 
 
 __all__ = ["generate_continuous", "shared_prefix"]

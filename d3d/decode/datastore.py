@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from .lookup import longest_suffix
+from .sources import Draft, Origin
 
 SEPARATOR = -1  # between answers: never matched, never drafted
 
@@ -118,12 +119,10 @@ class Datastore:
         chain = longest_suffix(context, self.min_ngram, self.max_ngram, walk_after)
         return chain if chain and chain.confidence[0] >= self.min_confidence else Chain()
 
-    name = "datastore"  # a draft source (d3d.decode.sources): its counter is GenerationStats.datastore_drafts
+    origin = Origin.DATASTORE  # a draft source (d3d.decode.sources): counted as GenerationStats.datastore_drafts
 
-    def propose(self, context: list[int], max_len: int) -> "Draft | None":
+    def propose(self, context: list[int], max_len: int) -> Draft | None:
         """``chain`` as a draft source's ``Draft`` (its estimates, and its runner-up tokens for leaves)."""
-        from .sources import Draft
-
         found = self.chain(context, max_len)
         return Draft(found.tokens, found.confidence, found.top_ids, found.top_probs) if found.tokens else None
 

@@ -7,18 +7,20 @@
             verification outcomes (``d3d.decode.speculative``, ``d3d.decode.hypotheses``, ``d3d.decode.overlap``).
 ``dflash``  the DFlash baseline (its drafter reads the target's hidden states; ``d3d.decode.dflash``).
 
-Each is a decoder whose rows sequences join and leave between rounds; ``generate`` admits every prompt
-at once and runs rounds until all are done. All share prefill, output buffers, stop handling and
-statistics (``d3d.decode.generation.Decoder``).
+Each is a decoder whose rows sequences (``d3d.decode.sequence.Sequence``, one per request) join and
+leave between rounds; ``generate`` makes one Sequence per prompt, admits them all at once and runs
+rounds until all are done. All share prefill, streaming and statistics (``d3d.decode.generation.Decoder``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import collections.abc
+from typing import Callable, Iterable
 
 import torch
 
-from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn
+from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn, sampling_generator
+from .sequence import Sequence
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec
 from .sampling import check_lossless_sampling, check_sampling_args
@@ -34,7 +36,7 @@ def normalize_prompts(prompt_ids, vocab_size: int, what: str = "prompt_ids") -> 
         if prompt_ids.dim() not in (1, 2):
             raise ValueError(f"{what}: expected a 1-D or 2-D tensor, got shape {tuple(prompt_ids.shape)}")
         prompt_ids = prompt_ids.tolist()
-    if not isinstance(prompt_ids, Sequence) or isinstance(prompt_ids, (str, bytes)):
+    if not isinstance(prompt_ids, collections.abc.Sequence) or isinstance(prompt_ids, (str, bytes)):
         raise TypeError(f"{what}: expected token ids (list of ints or list of lists), got {type(prompt_ids).__name__}")
     prompts = [list(prompt_ids)] if not prompt_ids or not isinstance(prompt_ids[0], (list, tuple)) else [list(p) for p in prompt_ids]
     for i, p in enumerate(prompts):
@@ -63,33 +65,37 @@ def check_limits(prompts: list[list[int]], max_new_tokens: int, max_positions: i
 
 class ArDecoder(Decoder):
     """Autoregressive decoding over ``rows`` cache rows that sequences join (``admit``) and leave (done,
-    or ``drop``) between steps: one target forward per step gives every active row one token."""
+    or ``drop``) between steps: one target forward per step gives every running sequence one token."""
 
-    def __init__(self, model: Transformer, sampling: Sampling, stop_ids: set[int], rows: int, max_len: int,
-                 stream: StreamFn | None = None):
-        super().__init__(model, GenerationStats("ar", rows, [0] * rows, [0] * rows), sampling, stop_ids, stream)
+    def __init__(self, model: Transformer, rows: int, max_len: int, stream: StreamFn | None = None):
+        super().__init__(model, GenerationStats("ar", rows), stream)
         self.cache = model.new_cache(rows=rows, max_len=max_len)
 
     @torch.inference_mode()
-    def admit(self, rows: list[int], prompts: list[list[int]], max_new: list[int],
-              sampling: list[Sampling] | None = None) -> None:
-        """Start a sequence in each of ``rows`` (free ones): one prefill pass for all, their first token.
-        ``sampling``: one ``Sampling`` per row, kept for its every step (None: the decoder's)."""
-        for i, t in zip(rows, self.prefill(self.cache, rows, prompts, max_new, sampling=sampling)[0]):
-            self.out.commit(i, [t])
+    def admit(self, seqs: list[Sequence]) -> None:
+        """Start each of ``seqs`` in a free row: one prefill pass for all, their first token."""
+        self.place(seqs)
+        for seq, t in zip(seqs, self.prefill(self.cache, seqs)[0]):
+            self.commit(seq, [t])
 
     @torch.inference_mode()
-    def step(self) -> list[int]:
-        """One token for every active row; returns those rows (none: nothing to decode)."""
-        rows = self.out.active()
-        if rows:
-            last = [self.out.tokens[i][-1] for i in rows]
-            logits = self.target(torch.tensor(last, device=self.target.device),
-                                 self.cache.layout([1] * len(rows), rows=rows), self.cache)
-            for i, t in zip(rows, self.pick(rows, logits)):
-                self.out.commit(i, [t])
+    def step(self) -> list[Sequence]:
+        """One token for every running sequence; returns them (none: nothing to decode)."""
+        seqs = self.running()
+        if seqs:
+            logits = self.target(torch.tensor([s.tokens[-1] for s in seqs], device=self.target.device),
+                                 self.cache.layout([1] * len(seqs), rows=[s.row for s in seqs]), self.cache)
+            for seq, t in zip(seqs, self.pick(seqs, logits)):
+                self.commit(seq, [t])
             self.stats.target_forwards += 1
-        return rows
+        return seqs
+
+
+def sequences(prompts: list[list[int]], max_new_tokens: int, sampling: Sampling, stop_ids: set[int],
+              device: torch.device) -> list[Sequence]:
+    """``generate``'s batch as Sequences (ids 0, 1, ...), drawing from one random stream at T > 0."""
+    gen = sampling_generator(device, sampling)
+    return [Sequence(p, max_new_tokens, sampling, stop_ids, id=i, gen=gen) for i, p in enumerate(prompts)]
 
 
 def generate(
@@ -100,7 +106,7 @@ def generate(
     spec: "SpecConfig | str | None" = None,
     drafter=None,
     sampling: Sampling | None = None,
-    stop_ids: Sequence[int] | None = None,
+    stop_ids: Iterable[int] | None = None,
     stream: StreamFn | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
 ) -> GenerationOutput:
@@ -126,16 +132,16 @@ def generate(
     spec.check()
     if spec.mode == "ar":
         check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
-        dec = ArDecoder(model, sampling, stops, len(prompts), max(map(len, prompts)) + max_new_tokens, stream)
-        return dec.run(prompts, max_new_tokens)
-    check_lossless_sampling(sampling)
-    spec = resolved_spec(model, drafter, spec)
-    check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings, drafter.cfg.max_position_embeddings),
-                 extra=2 * spec.block_size + 2)
+    else:
+        check_lossless_sampling(sampling)
+        spec = resolved_spec(model, drafter, spec)
+        check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings,
+                                                  drafter.cfg.max_position_embeddings), extra=2 * spec.block_size + 2)
+    seqs, max_len = sequences(prompts, max_new_tokens, sampling, stops, model.device), max(map(len, prompts)) + max_new_tokens
+    if spec.mode == "ar":
+        return ArDecoder(model, len(seqs), max_len, stream).run(seqs)
     rounds = DFlashDecoder if spec.mode == "dflash" else SpeculativeDecoder
-    dec = rounds(model, drafter, spec, sampling, stops, len(prompts), max(map(len, prompts)) + max_new_tokens, stream,
-                 on_round)
-    return dec.run(prompts, max_new_tokens)
+    return rounds(model, drafter, spec, len(seqs), max_len, stream, on_round).run(seqs)
 
 
 def resolved_spec(model: Transformer, drafter, spec: SpecConfig) -> SpecConfig:
@@ -159,4 +165,4 @@ def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:
 
 
 __all__ = ["generate", "GenerationOutput", "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig",
-           "Sampling", "normalize_prompts", "check_limits", "resolved_spec"]
+           "Sampling", "normalize_prompts", "check_limits", "resolved_spec", "sequences"]

@@ -1,4 +1,4 @@
-"""What every decoding engine shares: statistics, output buffers with stop handling and streaming,
+"""What every decoding engine shares: statistics, the rows that Sequences join and leave, streaming,
 the clock, and the prefill."""
 
 from __future__ import annotations
@@ -12,16 +12,20 @@ import torch
 from ..model.cache import KVCache
 from ..model.transformer import Transformer
 from .sampling import sample_rows
+from .sequence import Sequence, Tally, mean_tokens_per_round
+from .sources import Origin
 
-StreamFn = Callable[[int, list[int]], None]  # (sequence index, newly committed token ids)
+StreamFn = Callable[[int, list[int]], None]  # (sequence id, newly committed token ids)
 
 
 @dataclass
 class GenerationStats:
+    """A generation's figures: its passes', counted as they run, and its sequences' (``add``)."""
+
     mode: str
     batch_size: int
-    num_prompt_tokens: list[int]
-    num_generated: list[int]
+    num_prompt_tokens: list[int] = field(default_factory=list)
+    num_generated: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     target_forwards: int = 0
@@ -59,6 +63,23 @@ class GenerationStats:
             self.hidden_draft_seconds += draft_span[1] - draft_span[0]
             self.exposed_draft_seconds += max(0.0, draft_span[1] - max(draft_span[0], verify_span[1]))
 
+    def add(self, seqs: list[Sequence]) -> None:
+        """The figures of ``seqs``: what each was asked and made, and the counts of its rounds, summed."""
+        self.num_prompt_tokens = [s.num_prompt for s in seqs]
+        self.num_generated = [s.num_output for s in seqs]
+        self.stopped = [s.stopped for s in seqs]
+        for t in (s.tally for s in seqs):
+            self.rounds += t.rounds
+            self.accept_hist = [a + b for a, b in zip(self.accept_hist, t.accept_hist)]
+            self.verified_drafts += t.verified_drafts
+            self.verified_leaves += t.verified_leaves
+            self.leaf_hits += t.leaf_hits
+            self.lookup_drafts += t.drafts[Origin.LOOKUP]
+            self.datastore_drafts += t.drafts[Origin.DATASTORE]
+            self.successor_hits += t.successor_hits
+            self.fallbacks += t.fallbacks
+            self.hits_by_accept = [a + b for a, b in zip(self.hits_by_accept, t.hits_by_accept)]
+
     @property
     def total_generated(self) -> int:
         return sum(self.num_generated)
@@ -66,7 +87,7 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Mean tokens committed per round (accepted drafts + 1)."""
-        return sum((a + 1) * c for a, c in enumerate(self.accept_hist)) / self.rounds if self.rounds else 0.0
+        return mean_tokens_per_round(self.accept_hist, self.rounds)
 
     @property
     def hit_rate(self) -> float:
@@ -103,46 +124,6 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-class Output:
-    """Per-sequence output buffers, stop handling and streaming. ``max_new``: one limit for every
-    sequence, or one each; ``reset`` gives a row to a new sequence (a decoder's rows are reused)."""
-
-    def __init__(self, n: int, max_new: int | list[int], stop_ids: set[int], stream: StreamFn | None):
-        self.tokens = [[] for _ in range(n)]
-        self.done = [False] * n
-        self.stopped = [False] * n
-        self.max_new = [max_new] * n if isinstance(max_new, int) else list(max_new)
-        self.stop_ids, self.stream = stop_ids, stream
-
-    def reset(self, i: int, max_new: int) -> None:
-        self.tokens[i], self.done[i], self.stopped[i], self.max_new[i] = [], False, False, max_new
-
-    def commit(self, i: int, new: list[int]) -> list[int]:
-        """Append ``new`` to sequence i, cut at the first stop token or at max_new_tokens."""
-        room = self.max_new[i] - len(self.tokens[i])
-        new = new[:room]
-        for j, t in enumerate(new):
-            if t in self.stop_ids:
-                new = new[: j + 1]
-                self.stopped[i] = True
-                break
-        self.tokens[i].extend(new)
-        if self.stopped[i] or len(self.tokens[i]) >= self.max_new[i]:
-            self.done[i] = True
-        if self.stream and new:
-            self.stream(i, new)
-        return new
-
-    def active(self) -> list[int]:
-        return [i for i, d in enumerate(self.done) if not d]
-
-    def finish(self, stats: GenerationStats, decode_seconds: float) -> GenerationOutput:
-        stats.decode_seconds = decode_seconds
-        stats.num_generated = [len(t) for t in self.tokens]
-        stats.stopped = self.stopped
-        return GenerationOutput(self.tokens, stats)
-
-
 class Clock:
     """Seconds since the generation started (spans in ``RoundInfo`` and the stats)."""
 
@@ -160,57 +141,70 @@ class Clock:
 
 
 class Decoder:
-    """What every decoder whose rows sequences join and leave shares: ``out`` (every row free until a
-    sequence is admitted), ``stats``, the ``clock``, the sampling stream, and the prefill of newcomers."""
+    """What every decoder whose rows Sequences join and leave shares: ``slots`` (the Sequence in each
+    cache row; None, or one that is done: a free row), ``stats`` of its passes, the ``clock``, the
+    prefill of newcomers, sampling, and the commit that streams what a sequence kept."""
 
-    def __init__(self, target: Transformer, stats: GenerationStats, sampling, stop_ids: set[int],
-                 stream: StreamFn | None):
-        self.target, self.stats, self.sampling, self.clock = target, stats, sampling, Clock()
-        self.out = Output(stats.batch_size, 0, stop_ids, stream)
-        self.out.done = [True] * stats.batch_size
-        self.gen = sampling_generator(target.device, sampling)
-        # each row's sampling and random stream: the decoder's (one stream shared, as ``generate`` draws),
-        # or, for a row admitted with its own ``Sampling``, that one and a stream seeded by its seed
-        self.row_sampling, self.row_gen = [sampling] * stats.batch_size, [self.gen] * stats.batch_size
+    def __init__(self, target: Transformer, stats: GenerationStats, stream: StreamFn | None = None):
+        self.target, self.stats, self.stream, self.clock = target, stats, stream, Clock()
+        self.slots: list[Sequence | None] = [None] * stats.batch_size
 
-    def prefill(self, cache: KVCache, rows: list[int], prompts: list[list[int]], max_new: list[int],
-                hidden_layers: tuple[int, ...] = (), sampling: list | None = None):
-        """Rows ``rows`` start the sequences ``prompts`` (their cache rows emptied first): one prefill pass
-        for all; returns their first tokens (not committed yet) and, with ``hidden_layers``, ``prefill``'s
-        hidden states (else None). ``sampling``: one ``Sampling`` per row (None: the decoder's)."""
-        for j, (i, p, m) in enumerate(zip(rows, prompts, max_new)):
-            self.out.reset(i, m)
+    def place(self, seqs: list[Sequence]) -> None:
+        """Give each of ``seqs`` a free row (the lowest first), a fresh tally and, where it has none,
+        its own random stream."""
+        free = [i for i, s in enumerate(self.slots) if s is None or s.done]
+        if len(seqs) > len(free):
+            raise ValueError(f"admit: {len(seqs)} sequences for {len(free)} free rows")
+        for seq, row in zip(seqs, free):
+            self.slots[row], seq.row, seq.tally = seq, row, Tally(self.stats.block_size)
+            seq.gen = seq.gen or sampling_generator(self.target.device, seq.sampling)
+
+    def running(self) -> list[Sequence]:
+        """The sequences still decoding, in row order."""
+        return [s for s in self.slots if s is not None and not s.done]
+
+    def prefill(self, cache: KVCache, seqs: list[Sequence], hidden_layers: tuple[int, ...] = ()):
+        """The placed ``seqs`` start (their cache rows emptied first): one prefill pass for all; returns
+        their first tokens (not committed yet) and, with ``hidden_layers``, ``prefill``'s hidden states
+        (else None)."""
+        rows = [s.row for s in seqs]
+        for i in rows:
             cache.crop(i, 0)
-            self.stats.num_prompt_tokens[i] = len(p)
-            own = sampling[j] if sampling is not None else None
-            self.row_sampling[i] = own or self.sampling
-            self.row_gen[i] = sampling_generator(self.target.device, own) if own else self.gen
-        return prefill_counted(self.target, prompts, cache, lambda logits: self.pick(rows, logits), self.stats,
-                               self.clock, hidden_layers, rows)
+        return prefill_counted(self.target, [s.tokens for s in seqs], cache, lambda logits: self.pick(seqs, logits),
+                               self.stats, self.clock, hidden_layers, rows)
 
-    def pick(self, rows: list[int], logits: torch.Tensor) -> list[int]:
-        """The next token of each of ``rows`` from its logits (row j of ``logits``), as each row samples."""
-        return sample_rows(logits, [self.row_sampling[i] for i in rows], [self.row_gen[i] for i in rows]).tolist()
+    def pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """The next token of each of ``seqs`` from its logits (row j of ``logits``), as each samples."""
+        return sample_rows(logits, [s.sampling for s in seqs], [s.gen for s in seqs]).tolist()
 
-    def drop(self, i: int) -> None:
-        """End row i's sequence now (its client went away); the row is free."""
-        self.out.done[i] = True
+    def commit(self, seq: Sequence, new: list[int]) -> list[int]:
+        """``seq`` commits ``new`` (cut at a stop token or its limit); what it kept is streamed."""
+        kept = seq.commit(new)
+        if self.stream and kept:
+            self.stream(seq.id, kept)
+        return kept
 
-    def finish(self) -> GenerationOutput:
-        return self.out.finish(self.stats, self.clock.now() - self.stats.prefill_seconds)
+    def drop(self, seq: Sequence) -> None:
+        """End ``seq`` now (its client went away); its row is free."""
+        seq.done = True
+
+    def finish(self, seqs: list[Sequence]) -> GenerationOutput:
+        self.stats.decode_seconds = self.clock.now() - self.stats.prefill_seconds
+        self.stats.add(seqs)
+        return GenerationOutput([s.output for s in seqs], self.stats)
 
     def close(self) -> None:
         pass
 
-    def run(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationOutput:
-        """Every prompt at once (row i: prompt i), rounds until all are done: ``generate``'s loop."""
+    def run(self, seqs: list[Sequence]) -> GenerationOutput:
+        """Every sequence at once (row i: ``seqs[i]``), rounds until all are done: ``generate``'s loop."""
         try:
-            self.admit(list(range(len(prompts))), prompts, [max_new_tokens] * len(prompts))
+            self.admit(seqs)
             while self.step():
                 pass
         finally:
             self.close()
-        return self.finish()
+        return self.finish(seqs)
 
 
 def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, pick: Callable,
@@ -242,4 +236,5 @@ def prefill_counted(target: Transformer, prompts: list[list[int]], cache: KVCach
     return first
 
 
-__all__ = ["GenerationStats", "GenerationOutput", "Output", "Clock", "Decoder", "prefill", "prefill_counted", "sampling_generator", "StreamFn"]
+__all__ = ["GenerationStats", "GenerationOutput", "Clock", "Decoder", "prefill", "prefill_counted", "sampling_generator",
+           "StreamFn"]

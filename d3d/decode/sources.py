@@ -10,15 +10,26 @@ asks, per row, until one answers (``d3d.decode.speculative.Drafting.prepare``):
     ``Datastore``                    what the target's earlier answers continued with (``d3d.decode.datastore``)
     the drafter                      one batched pass for every row still without a draft
 
-Every source but the drafter has ``name`` (its counter in ``GenerationStats``: ``<name>_drafts``)
-and ``propose(context, max_len) -> Draft | None``.
+Every source but the drafter has ``origin`` (an ``Origin``: what a sequence's counts and
+``GenerationStats`` file its drafts under) and ``propose(context, max_len) -> Draft | None``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from .lookup import lookup_copy
+
+
+class Origin(Enum):
+    """Where a round's draft came from (a sequence counts its rounds by it; ``--explain`` shows it)."""
+
+    HYPOTHESIS = "hypothesis"  # the last round's hypothesis that matched its outcome (async)
+    LOOKUP = "lookup"  # copied from the context (``ContextLookup``)
+    DATASTORE = "datastore"  # the target's earlier answers (``d3d.decode.datastore``)
+    DRAFTER = "drafter"  # one drafter pass
+    STEP = "step"  # none: the batch skipped the drafter this round, a plain step
 
 
 @dataclass
@@ -58,7 +69,7 @@ class ContextLookup:
     """Prompt lookup as a draft source: after a match of ``min_ngram``+ tokens, the tokens that
     followed, with ``d3d.decode.lookup``'s estimates as confidences (no runner-up tokens: no leaves)."""
 
-    name = "lookup"
+    origin = Origin.LOOKUP
 
     def __init__(self, min_ngram: int):
         self.min_ngram = min_ngram
@@ -73,4 +84,4 @@ def draft_sources(spec) -> list:
     return ([ContextLookup(spec.lookup)] if spec.lookup else []) + ([spec.datastore] if spec.datastore else [])
 
 
-__all__ = ["Draft", "ContextLookup", "draft_sources"]
+__all__ = ["Draft", "Origin", "ContextLookup", "draft_sources"]

@@ -1,16 +1,17 @@
 """The decoding loop of ``d3d serve``: concurrent requests decode together, joining and leaving
 between rounds.
 
-Requests are grouped by mode alone (ar, sync, async): a group is one decoder
-(``d3d.decode.speculative.SpeculativeDecoder`` or ``d3d.decode.engines.ArDecoder``) with ``slots``
-cache rows of ``context`` tokens, and each row samples as its request asks (temperature, top_p, seed:
-``Sampling`` per row, exact per row), so a greedy request never waits behind sampled ones. The loop
-goes round the groups; for each it
+Each request is a ``Sequence`` (``d3d.decode.sequence``) made when it is submitted, its mode decided
+then (``d3d.draft.pick.decide_mode``). Requests are grouped by mode alone (ar, sync, async): a group is
+one decoder (``d3d.decode.speculative.SpeculativeDecoder`` or ``d3d.decode.engines.ArDecoder``) with
+``slots`` cache rows of ``context`` tokens, and each sequence samples as its request asks (temperature,
+top_p, seed: its own ``Sampling``), so a greedy request never waits behind sampled ones. The loop goes
+round the groups; for each it
 
     1 drops the rows whose client went away (streamed or not), then admits waiting requests into its
       free rows (one prefill pass for all of them),
     2 runs one round (speculative) or step (ar) over every row in flight,
-    3 hands each request the tokens that round committed (a text delta, and with the ``d3d``
+    3 hands each request the tokens its sequence committed (a text delta, and with the ``d3d``
       extension what the round did), and frees the rows of requests that ended: length, stop token,
       stop string, or a client that went away.
 
@@ -25,13 +26,15 @@ the group's round and the batch around it).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
 from collections import deque
 
-from ..decode.config import Sampling, SpecConfig
+from ..decode.config import SpecConfig
 from ..decode.engines import ArDecoder, resolved_spec
+from ..decode.sequence import Sequence
 from ..decode.speculative import SpeculativeDecoder
 from ..draft.pick import decide_mode
 from .protocol import Request
@@ -42,29 +45,28 @@ IDLE_SECONDS = 30.0  # a group idle this long releases its caches (slots x conte
 
 class Job:
     """One request: its events (("text", delta, info) ..., then ("done", finish, n) or ("error", message, status)),
-    whether its client has gone, and what the decoding loop keeps for it."""
+    whether its client has gone, the ``Sequence`` that decodes it, and what the loop has sent of it."""
 
-    def __init__(self, req: Request, mode: str, tok, events=None):
+    def __init__(self, req: Request, mode: str, seq: Sequence, tok, events=None):
         """``events``: where the events go (anything with ``put``; default a ``queue.Queue``)."""
-        self.req, self.mode, self.cancelled = req, mode, threading.Event()
+        self.req, self.mode, self.seq, self.cancelled = req, mode, seq, threading.Event()
         self.events = queue.Queue() if events is None else events
         self.text = TextStream(tok, req.stop)
-        self.new: list[int] = []  # tokens committed by the current round
-        self.last = 0  # how many of them the last commit added
-        self.info: dict | None = None  # ... and what that round did (the d3d extension)
-        self.rounds = self.round_tokens = 0  # for the running tau
+        self.sent = 0  # output tokens handed to the text stream so far
+        self.before = 0  # output tokens before the current round (the round's own come after them)
+        self.info: dict | None = None  # what the current round did (the d3d extension)
 
 
 class Group:
-    """Requests decoding with one decoder: ``rows[i]`` is the job in cache row i (None: free)."""
+    """Requests decoding with one decoder: ``jobs`` in flight by their sequence's id, and those waiting."""
 
     def __init__(self, decoder, slots: int):
-        self.decoder, self.rows, self.waiting = decoder, [None] * slots, deque()
+        self.decoder, self.slots, self.jobs, self.waiting = decoder, slots, {}, deque()
         self.busy_at = time.monotonic()  # when it last had something to do
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not any(self.rows)
+        return not self.waiting and not self.jobs
 
 
 class Scheduler:
@@ -88,7 +90,8 @@ class Scheduler:
             limit = min(limit, drafter.cfg.max_position_embeddings) - 2 * drafter.block_size - 2
         self.target, self.tok, self.drafter, self.spec, self.slots, self.context = (
             target, tok, drafter, spec, slots, min(context, limit))
-        self.stop_ids = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
+        self.stop_ids = frozenset(tok.stop_token_ids()) | frozenset(target.cfg.eos_token_ids)
+        self.ids = itertools.count()  # each request's Sequence id
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.groups: dict[str, Group] = {}  # by mode
         self.abandoned = 0  # requests ended early, or never begun, because their client went away
@@ -99,7 +102,8 @@ class Scheduler:
     def submit(self, req: Request, events=None) -> Job:
         """Queue ``req`` for decoding; its events go to ``events`` (``Job``)."""
         mode = decide_mode(req.mode, default=self.spec.mode, sampling=req.sampling)
-        job = Job(req, mode, self.tok, events)
+        seq = Sequence(req.prompt_ids, req.max_tokens, req.sampling, self.stop_ids, id=next(self.ids))
+        job = Job(req, mode, seq, self.tok, events)
         with self.lock:
             if self.closed:
                 job.events.put(("error", "the server is shutting down", 503))
@@ -169,79 +173,75 @@ class Scheduler:
         return self.groups[mode]
 
     def decoder(self, mode: str):
-        def committed(row: int, new: list[int]) -> None:
-            job = self.groups[mode].rows[row]
-            job.new.extend(new)
-            job.last = len(new)
-
         if mode == "ar":
-            return ArDecoder(self.target, Sampling(), set(self.stop_ids), self.slots, self.context, committed)
+            return ArDecoder(self.target, self.slots, self.context)
 
         def on_round(r) -> None:
-            job = self.groups[mode].rows[r.seq]
-            job.rounds, job.round_tokens = job.rounds + 1, job.round_tokens + len(r.committed)
+            job = self.groups[mode].jobs[r.seq]
             if job.req.explain:
                 job.info = round_info(self.tok, job, r)
-                job.info["origins"] = job.info["origins"][:job.last]  # the output ends inside the round
 
         spec = resolved_spec(self.target, self.drafter, self.spec.replace(mode=mode))
-        return SpeculativeDecoder(self.target, self.drafter, spec, Sampling(), set(self.stop_ids), self.slots,
-                                  self.context, committed, on_round)
+        return SpeculativeDecoder(self.target, self.drafter, spec, self.slots, self.context, on_round=on_round)
 
     def round(self, mode: str, group: Group) -> None:
         """Steps 1-3 of the module docstring for one group."""
         dec, group.busy_at = group.decoder, time.monotonic()
-        for row, job in enumerate(group.rows):
-            if job is not None and job.cancelled.is_set():
-                dec.drop(row)
-                group.rows[row] = None
-                self.abandoned += 1
-        free = [row for row, job in enumerate(group.rows) if job is None]
+        for job in [j for j in group.jobs.values() if j.cancelled.is_set()]:
+            dec.drop(job.seq)
+            del group.jobs[job.seq.id]
+            self.abandoned += 1
         admitted = []
-        while free and group.waiting:
+        while len(group.jobs) < group.slots and group.waiting:
             job = group.waiting.popleft()
             if job.cancelled.is_set():
                 self.abandoned += 1
             else:
-                group.rows[row := free.pop(0)] = job
-                admitted.append(row)
-        self.peak = max(self.peak, sum(job is not None for job in group.rows))
+                group.jobs[job.seq.id] = job
+                admitted.append(job.seq)
+        self.peak = max(self.peak, len(group.jobs))
         try:
             if admitted:
-                jobs = [group.rows[r] for r in admitted]
-                dec.admit(admitted, [j.req.prompt_ids for j in jobs], [j.req.max_tokens for j in jobs],
-                          [j.req.sampling for j in jobs])
+                dec.admit(admitted)
+            for job in group.jobs.values():
+                job.before = job.seq.num_output
             dec.step()
         except Exception as e:  # a bug must not kill the server: these requests get a 500, the others go on
-            for job in [j for j in group.rows if j] + list(group.waiting):
+            for job in list(group.jobs.values()) + list(group.waiting):
                 job.events.put(("error", f"{type(e).__name__}: {e}", 500))
             self.groups.pop(mode).decoder.close()  # its caches may be half written
             return
-        for row, job in enumerate(group.rows):
-            if job is not None and self.deliver(job, dec, row):
-                group.rows[row] = None
+        for job in list(group.jobs.values()):
+            if self.deliver(job, dec):
+                del group.jobs[job.seq.id]
 
-    def deliver(self, job: Job, dec, row: int) -> bool:
-        """Send ``job`` what its row committed this round; True when it has ended (its row is free)."""
-        if job.new:
-            delta = job.text.add(job.new)  # its ids now end with job.new
+    def deliver(self, job: Job, dec) -> bool:
+        """Send ``job`` what its sequence committed since the last delivery; True when it has ended (its row
+        is free)."""
+        seq = job.seq
+        new = seq.output_since(job.sent)
+        if new:
+            job.sent += len(new)
+            delta = job.text.add(new)  # its ids now end with new
             if job.req.explain:  # each token's text and origin: "step" for the prefill's token and ar steps
-                info = job.info or {"origins": []}
-                origins = ["step"] * (len(job.new) - len(info["origins"])) + info.pop("origins")
-                texts = pieces(self.tok, job.text.ids, len(job.new))
+                mine = job.info["origins"][:seq.num_output - job.before] if job.info else []  # the output may end inside the round
+                info = job.info or {}
+                origins = ["step"] * (len(new) - len(mine)) + mine
+                texts = pieces(self.tok, job.text.ids, len(new))
                 info["tokens"] = [{"text": t, "origin": o} for t, o in zip(texts, origins)]
+                info.pop("origins", None)
                 job.events.put(("text", delta, info))
             elif delta:
                 job.events.put(("text", delta, None))
-            job.new, job.info = [], None
+            job.info = None
         if job.text.stopped:
-            dec.drop(row)
-        elif not dec.out.done[row]:
+            dec.drop(seq)
+        elif not seq.done:
             return False
         tail = job.text.flush()
         if tail:
             job.events.put(("text", tail, None))
-        finish = "stop" if job.text.stopped or dec.out.stopped[row] else "length"
+        finish = "stop" if job.text.stopped or seq.stopped else "length"
         job.events.put(("done", finish, job.text.count))
         return True
 
@@ -257,7 +257,7 @@ def round_info(tok, job: Job, r) -> dict:
     return {"round": r.round, "draft": [tok.decode([t]) for t in r.draft], "accepted": r.accepted, "bonus": r.bonus,
             "leaf": r.leaf, "source": source, "hypothesis_hit": r.hit, "origins": origins,
             "rejected": tok.decode(r.draft[r.accepted:], skip_special_tokens=True) if r.leaf is None else "",
-            "tau": job.round_tokens / job.rounds}
+            "tau": job.seq.tally.tau}
 
 
 def pieces(tok, ids: list[int], n: int) -> list[str]:

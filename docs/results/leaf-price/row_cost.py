@@ -1,6 +1,6 @@
 """What a verification row costs, and whether a leaf's row costs more than a draft's: the 0.5B target
 (fp32) after a 200-token prefill, one pass over n new tokens as plain causal rows (anchor + drafts),
-as n-1 causal rows + 1 leaf, and as n-2 rows + 2 leaves (the leaf layout of ``Sequences.verification``:
+as n-1 causal rows + 1 leaf, and as n-2 rows + 2 leaves (the leaf layout of ``Verifier.verification``:
 groups, ``reach`` and positions), median ms of 15, twice.
 
     PYTHONPATH=. python docs/results/leaf-price/row_cost.py TARGET_DIR > docs/results/leaf-price/row_cost.txt
