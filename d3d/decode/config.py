@@ -47,10 +47,12 @@ class SpecConfig:
     block_size: int | None = None  # tokens per round B (None: the drafter's)
     lookup: int | None = None  # copy the draft from the context after a match of this many tokens; 0 never
     leaves: int | None = None  # the drafter's likeliest bonus tokens verified beside the drafts
-    verify_min_prob: "float | str | Fixed | PricedCut | None" = None  # verify drafts while their joint estimate beats this; "auto"
+    # verify drafts while their joint estimate beats this; "auto" (resolved: Fixed or PricedCut)
+    verify_min_prob: "float | str | Fixed | PricedCut | None" = None
     hypotheses: int | None = None  # async: outcomes (accept length, bonus) drafted ahead per round
     fanout: int | None = None  # async: bonus candidates per accept length
-    successor_threshold: "float | str | Fixed | PricedSuccessor | None" = None  # async: least estimated hit probability worth drafting ahead; "auto"
+    # async: least estimated hit probability worth drafting ahead; "auto" (resolved: Fixed or PricedSuccessor)
+    successor_threshold: "float | str | Fixed | PricedSuccessor | None" = None
     overlap: str | None = None  # async: how the draft-ahead pass runs beside verification (OVERLAPS)
     exact: bool | None = None  # verify attention one row at a time (bit-exact low precision; None: auto)
     datastore: "Datastore | None" = field(default=None, compare=False)  # retrieved drafts (REST)

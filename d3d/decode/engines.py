@@ -76,19 +76,22 @@ class ArDecoder(Decoder):
         """Start each of ``seqs`` in a free row: one prefill pass for all, their first token."""
         self.place(seqs)
         for seq, t in zip(seqs, self.prefill(self.cache, seqs)[0]):
-            self.commit(seq, [t])
+            self.emit(seq, [t])
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
         """One token for every running sequence; returns them (none: nothing to decode)."""
-        seqs = self.running()
+        seqs = self.schedule()
         if seqs:
-            logits = self.target(torch.tensor([s.tokens[-1] for s in seqs], device=self.target.device),
-                                 self.cache.layout([1] * len(seqs), rows=[s.row for s in seqs]), self.cache)
-            for seq, t in zip(seqs, self.pick(seqs, logits)):
-                self.commit(seq, [t])
-            self.stats.target_forwards += 1
+            for seq, t in zip(seqs, self.pick(seqs, self.forward(seqs))):
+                self.emit(seq, [t])
         return seqs
+
+    def forward(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One target pass over each sequence's last token: the logits of its next."""
+        self.stats.target_forwards += 1
+        return self.target(torch.tensor([s.tokens[-1] for s in seqs], device=self.target.device),
+                           self.cache.layout([1] * len(seqs), rows=[s.row for s in seqs]), self.cache)
 
 
 def sequences(prompts: list[list[int]], max_new_tokens: int, sampling: Sampling, stop_ids: set[int],
@@ -137,7 +140,8 @@ def generate(
         spec = resolved_spec(model, drafter, spec)
         check_limits(prompts, max_new_tokens, min(model.cfg.max_position_embeddings,
                                                   drafter.cfg.max_position_embeddings), extra=2 * spec.block_size + 2)
-    seqs, max_len = sequences(prompts, max_new_tokens, sampling, stops, model.device), max(map(len, prompts)) + max_new_tokens
+    seqs = sequences(prompts, max_new_tokens, sampling, stops, model.device)
+    max_len = max(map(len, prompts)) + max_new_tokens
     if spec.mode == "ar":
         return ArDecoder(model, len(seqs), max_len, stream).run(seqs)
     rounds = DFlashDecoder if spec.mode == "dflash" else SpeculativeDecoder

@@ -143,7 +143,7 @@ class Clock:
 class Decoder:
     """What every decoder whose rows Sequences join and leave shares: ``slots`` (the Sequence in each
     cache row; None, or one that is done: a free row), ``stats`` of its passes, the ``clock``, the
-    prefill of newcomers, sampling, and the commit that streams what a sequence kept."""
+    prefill of newcomers, sampling, and ``emit``: a sequence's commit, streamed."""
 
     def __init__(self, target: Transformer, stats: GenerationStats, stream: StreamFn | None = None):
         self.target, self.stats, self.stream, self.clock = target, stats, stream, Clock()
@@ -159,8 +159,8 @@ class Decoder:
             self.slots[row], seq.row, seq.tally = seq, row, Tally(self.stats.block_size)
             seq.gen = seq.gen or sampling_generator(self.target.device, seq.sampling)
 
-    def running(self) -> list[Sequence]:
-        """The sequences still decoding, in row order."""
+    def schedule(self) -> list[Sequence]:
+        """The sequences a step decodes: every one still running, in row order."""
         return [s for s in self.slots if s is not None and not s.done]
 
     def prefill(self, cache: KVCache, seqs: list[Sequence], hidden_layers: tuple[int, ...] = ()):
@@ -177,7 +177,7 @@ class Decoder:
         """The next token of each of ``seqs`` from its logits (row j of ``logits``), as each samples."""
         return sample_rows(logits, [s.sampling for s in seqs], [s.gen for s in seqs]).tolist()
 
-    def commit(self, seq: Sequence, new: list[int]) -> list[int]:
+    def emit(self, seq: Sequence, new: list[int]) -> list[int]:
         """``seq`` commits ``new`` (cut at a stop token or its limit); what it kept is streamed."""
         kept = seq.commit(new)
         if self.stream and kept:

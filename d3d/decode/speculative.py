@@ -1,26 +1,28 @@
 """Speculative decoding: sync and async D3D, and the DFlash baseline, on one verification round.
 
-A D3D round, for every active sequence:
+A D3D round (``SpeculativeDecoder.step``), for every running sequence (``schedule``):
 
     1 draft       the round's B-1 drafts from the first source that has one (``d3d.decode.sources``): a
                   hypothesis of the last round that matched its outcome, a copy from the context
                   (``lookup``), the target's earlier answers (``datastore``), else one drafter pass over
-                  [uncached committed tokens ; anchor, mask x (B-1)] for all rows still without a draft
-    2 verify      one target pass over [anchor, d_1..d_n]; ``accept`` gives (a, bonus). n = B-1, or
-                  with ``verify_min_prob`` only the drafts the drafter believes in (``Draft.likely_length``).
-                  With ``leaves`` L the pass also verifies the L likeliest bonuses the drafter proposed
-                  (``d3d.decode.hypotheses.bonus_leaves``), each a one-token branch off the drafts: when the
-                  bonus after a accepted drafts is such a leaf, the leaf is accepted too and its
-                  logits give the bonus after it (a + 2 tokens committed)
+                  [uncached committed tokens ; anchor, mask x (B-1)] for all sequences still without a
+                  draft; then the plan: n = B-1, or with ``verify_min_prob`` only the drafts the drafter
+                  believes in (``Draft.likely_length``), and the leaves worth their rows
+    2 verify      one target pass over [anchor, d_1..d_n]. With ``leaves`` L the pass also verifies the
+                  L likeliest bonuses the drafter proposed (``d3d.decode.hypotheses.bonus_leaves``), each
+                  a one-token branch off the drafts
     3 hypotheses  async only, beside 2 (``d3d.decode.overlap``): one drafter pass that appends the drafts
                   to the drafter's cache and drafts a successor block for each of the K likeliest
                   outcomes (``d3d.decode.hypotheses``), every block branching off the drafts at its own a
-    4 commit      d_1..d_a + bonus; the caches roll back to the committed tokens; the hypothesis
+    4 accept      (a, bonus) per sequence (``d3d.kernels.accept``); when the bonus after a accepted drafts
+                  is a verified leaf, the leaf is accepted too and its logits give the bonus after it
+                  (a + 2 tokens committed)
+    5 commit      d_1..d_a + bonus; the caches roll back to the committed tokens; the hypothesis
                   matching (a, bonus), if any, is the next round's draft: no drafting on its
                   critical path
 
-``sync`` is steps 1, 2, 4. DFlash (``d3d.decode.dflash``) drafts from the target's hidden states, so
-it cannot draft before verification ends: steps 1, 2, 4 with its own drafter.
+``sync`` is steps 1, 2, 4, 5. DFlash (``d3d.decode.dflash``) drafts from the target's hidden states, so
+it cannot draft before verification ends: steps 1, 2, 4, 5 with its own drafter.
 
 Each request is a ``Sequence`` (``d3d.decode.sequence``): its committed tokens, the draft it holds for
 its next round, its cache row, its counts. Invariants, per sequence: ``Sequence.tokens`` = prompt +
@@ -51,11 +53,11 @@ from .sources import Draft, Origin, draft_sources
 from ..model.cache import branches
 from ..model.transformer import Transformer
 from .overlap import Verification, make_overlap
-from .row_price import Fixed, PricedCut, RowPrice
+from .row_price import RowPrice
 from .sampling import check_lossless_sampling
 
 if TYPE_CHECKING:
-    from ..draft.drafter import Drafter, Drafts
+    from ..draft.drafter import Drafter, DraftJob, Drafts
 
 
 _LEAF_SEED = 1 << 31  # the leaves' bonus samples use streams apart from the round's acceptance
@@ -180,24 +182,14 @@ class Verifier:
 
 
 def verify_widths(drafts: list[Draft], min_prob: float) -> list[int]:
-    """Step 2's n per sequence: the whole draft, or with ``min_prob`` > 0 the longest run of it the drafter
+    """The plan's n per sequence: the whole draft, or with ``min_prob`` > 0 the longest run of it the drafter
     believes in (``Draft.likely_length``); sequences of a batch verify as many drafts as they each have."""
     return [min(len(d.tokens), d.likely_length(min_prob)) if min_prob > 0 else len(d.tokens) for d in drafts]
 
 
-@dataclass
-class RoundDrafts:
-    """Step 1's result beyond each sequence's ``draft`` and ``origin``: the sequences the drafter drafted
-    for now, the seconds that pass took (on the critical path), and whether any took a plain step."""
-
-    drafted: list[Sequence]
-    seconds: float
-    stepped: bool = False
-
-
 class Drafting:
     """The drafter's side of D3D: its cache, each sequence's draft for its next round, and the
-    hypotheses pass (steps 1, 3 and the drafter's part of 4 in the module docstring)."""
+    hypotheses pass (steps 1, 3 and the drafter's part of 5 in the module docstring)."""
 
     def __init__(self, drafter: "Drafter", dcache, stats: GenerationStats, block_size: int, use_hyps: bool, K: int,
                  fanout: int, leaves: int = 0, sources=()):
@@ -207,11 +199,12 @@ class Drafting:
         # top tokens kept per position: the bonus candidates of hypotheses and leaves
         self.top = max(fanout if use_hyps else 0, leaves) + 1 if use_hyps or leaves else 0
 
-    def prepare(self, seqs: list[Sequence], clock: Clock, drafter: bool = True) -> RoundDrafts:
+    def prepare(self, seqs: list[Sequence], clock: Clock, drafter: bool = True) -> tuple[list[Sequence], float, bool]:
         """Step 1: a sequence keeps its ready draft (a hypothesis of the last round hit); else the first
         of ``sources`` that proposes one gives it; else the drafter drafts it, in one pass for all such
         sequences (not ``drafter``: those take a plain step, an empty draft). Each round is counted by
-        where its draft came from."""
+        where its draft came from. Returns the sequences drafted for now, the seconds of that pass
+        (on the critical path), and whether any took a plain step instead."""
         need = [s for s in seqs if s.draft is None and not self.propose(s)]
         seconds, stepped = 0.0, bool(need) and not drafter
         if stepped:
@@ -226,7 +219,7 @@ class Drafting:
             self.stats.draft_seconds += seconds
         for s in seqs:
             s.tally.drafts[s.origin] += 1
-        return RoundDrafts(need, seconds, stepped)
+        return need, seconds, stepped
 
     def propose(self, seq: Sequence) -> bool:
         """The first proposal of ``sources`` for ``seq`` becomes its draft; False if none has one."""
@@ -256,7 +249,7 @@ class Drafting:
         return outcome_hypotheses(draft.tokens, draft.confidence, draft.top_ids, draft.top_probs, self.K, self.fanout)
 
     def leaves(self, draft: Draft, n: int, min_score: float = 0.0) -> list[Hypothesis]:
-        """Step 2's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed, those
+        """The plan's leaves: the L likeliest bonuses after d_1..d_n of ``draft`` that it proposed, those
         whose estimated hit probability is at least ``min_score`` (the row price under "auto")."""
         if not self.L:
             return []
@@ -283,7 +276,7 @@ class Drafting:
         return host_drafts(self.drafter.finish(self.dcache, job, logits, top=self.top)) if job else []
 
     def settle(self, seq: Sequence, o: Outcome, hyps: list[Hypothesis], mine: list[Draft]) -> int | None:
-        """Step 4 for ``seq`` (before the commit): keep the anchor and the accepted drafts in the drafter
+        """Step 5 for ``seq`` (before it commits): keep the anchor and the accepted drafts in the drafter
         cache, and the successor whose hypothesis matches the outcome as its next draft (none after a
         leaf hit: the successors start one token early). Returns the index of that hypothesis, or None."""
         hit, accepted = None, o.main_accepted
@@ -329,87 +322,129 @@ class SpeculativeDecoder(Decoder):
             seq.spec, seq.draft = self.spec, None
             self.side.dcache.crop(seq.row, 0)
         for seq, t in zip(seqs, self.prefill(self.verifier.tcache, seqs)[0]):
-            self.commit(seq, [t])
+            self.emit(seq, [t])
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
-        """One round for every running sequence; returns them (none: nothing to decode)."""
-        seqs, rnd, side, stats, clock = self.running(), self.rnd, self.side, self.stats, self.clock
+        """One round for every running sequence, the module docstring's steps; returns them (none:
+        nothing to decode)."""
+        seqs = self.schedule()
         if not seqs:
             return seqs
-        began = clock.now()
-        # 1 draft: a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
-        r = side.prepare(seqs, clock, drafter=self.spec.verify_min_prob.drafts(self.price, len(seqs)))
-        # plan: how many drafts and which leaves are worth their rows
-        plan = plan_round(seqs, side, self.spec.verify_min_prob, self.price)
-        # 2 verify || 3 draft ahead for the likeliest outcomes (async)
-        hyps = [side.likeliest_outcomes(d) for d in plan.drafts]
-        job, hyp_seqs = side.start_hypotheses(seqs, plan.drafts, hyps, self.spec.successor_threshold(self.price))
-        drafts = [d.tokens for d in plan.drafts]
-        t_logits, d_logits, v_span, d_span = self.ov.run(
-            self.verifier.verification(seqs, drafts, self.spec.exact, plan.leaves), job)
-        # 4 accept
-        outcomes = self.verifier.judge(t_logits, seqs, drafts, rnd, plan.leaves)
-        successors = side.finish(job, d_logits)
-        stats.count_verification(v_span, d_span if job is not None else None, len(hyp_seqs), len(successors))
-        # 5 commit, and keep the successor that matches the outcome
-        per_seq, gained = iter(successors), 0
-        for j, (seq, o) in enumerate(zip(seqs, outcomes)):
-            mine = [next(per_seq) for _ in hyps[j]] if j in hyp_seqs else []
-            origin, hit = seq.origin, side.settle(seq, o, hyps[j], mine)
-            self.verifier.keep(seq, o, len(drafts[j]))
-            new = o.accepted + [o.bonus]
-            self.commit(seq, new)
-            gained += len(new)
-            if self.on_round:
-                self.on_round(round_info(rnd, seq, origin, plan.drafts[j], plan.min_prob, r, o, new, hyps[j], mine, hit,
-                                         v_span, d_span))
-        self.price.observe_drafter("draft", r.seconds, len(r.drafted))
-        if job is not None:
-            self.price.observe_drafter("hypotheses", max(0.0, d_span[1] - max(d_span[0], v_span[1])), len(hyp_seqs))
-        self.price.observe(sum(len(d) + 1 for d in drafts) + sum(map(len, plan.leaves)),
-                           v_span[1] - v_span[0], gained, clock.now() - began,
-                           drafted=True if r.drafted else False if r.stepped else None)
+        r = Round(self.rnd, seqs, self.clock.now())
+        self.draft(r)  # 1 a matched hypothesis of the last round, a copy, a retrieved chain, or one drafter pass
+        self.plan(r)  # the drafts and leaves worth their rows
+        self.verify(r)  # 2 verify || 3 draft ahead for the likeliest outcomes (async)
+        self.accept(r)  # 4 each sequence's accepted drafts and bonus
+        self.commit(r)  # 5 and the successor that matches the outcome kept as the next draft
+        self.observe(r)  # what the round cost, for the next one's choices
         self.rnd += 1
         return seqs
+
+    def draft(self, r: Round) -> None:
+        """Step 1: every sequence's draft (``Drafting.prepare``); a priced cut may skip the drafter."""
+        asks = self.spec.verify_min_prob.drafts(self.price, len(r.seqs))
+        r.drafted, r.draft_seconds, r.stepped = self.side.prepare(r.seqs, self.clock, drafter=asks)
+
+    def plan(self, r: Round) -> None:
+        """The drafts worth their rows (each sequence's longest run whose joint estimate beats the round's
+        cut, ``Draft.likely_length``) and the leaves: a fixed cut cuts drafts only; a priced one
+        (``verify_min_prob=auto``) is the measured price of a row (``d3d.decode.row_price``), for
+        drafts and leaves alike."""
+        cut = self.spec.verify_min_prob
+        r.min_prob = cut(self.price)
+        widths = verify_widths([s.draft for s in r.seqs], r.min_prob)
+        r.leaves = [self.side.leaves(s.draft, n, cut.leaf_floor(r.min_prob)) for s, n in zip(r.seqs, widths)]
+        for s, n, leaves in zip(r.seqs, widths, r.leaves):
+            s.tally.verified_drafts += n
+            s.tally.verified_leaves += len(leaves)
+        r.drafts = [s.draft.truncated(n) for s, n in zip(r.seqs, widths)]
+
+    def verify(self, r: Round) -> None:
+        """Steps 2 and 3: the target's verification pass and, in async, the drafter's hypotheses pass for
+        the sequences whose likeliest outcomes are worth one, run as ``overlap`` says."""
+        r.hyps = [self.side.likeliest_outcomes(d) for d in r.drafts]
+        threshold = self.spec.successor_threshold(self.price)
+        r.job, r.in_pass = self.side.start_hypotheses(r.seqs, r.drafts, r.hyps, threshold)
+        v = self.verifier.verification(r.seqs, r.tokens, self.spec.exact, r.leaves)
+        r.t_logits, r.d_logits, r.v_span, r.d_span = self.ov.run(v, r.job)
+
+    def accept(self, r: Round) -> None:
+        """Step 4: each sequence's outcome (accepted drafts, bonus) and the hypotheses' successor blocks."""
+        r.outcomes = self.verifier.judge(r.t_logits, r.seqs, r.tokens, r.number, r.leaves)
+        r.successors = self.side.finish(r.job, r.d_logits)
+        self.stats.count_verification(r.v_span, r.d_span if r.job is not None else None, len(r.in_pass),
+                                      len(r.successors))
+
+    def commit(self, r: Round) -> None:
+        """Step 5, sequence by sequence: the drafter's cache and next draft (``Drafting.settle``), the
+        target's cache (``Verifier.keep``), the accepted drafts and the bonus, and ``on_round``."""
+        successors = iter(r.successors)
+        for j, (seq, o) in enumerate(zip(r.seqs, r.outcomes)):
+            mine = [next(successors) for _ in r.hyps[j]] if j in r.in_pass else []
+            origin, hit = seq.origin, self.side.settle(seq, o, r.hyps[j], mine)
+            self.verifier.keep(seq, o, len(r.tokens[j]))
+            new = o.accepted + [o.bonus]
+            self.emit(seq, new)
+            r.gained += len(new)
+            if self.on_round:
+                self.on_round(round_info(r, j, origin, o, new, mine, hit))
+
+    def observe(self, r: Round) -> None:
+        """The row price learns what this round's rows, drafter passes and tokens cost (``RowPrice``)."""
+        self.price.observe_drafter("draft", r.draft_seconds, len(r.drafted))
+        if r.job is not None:
+            self.price.observe_drafter("hypotheses", max(0.0, r.d_span[1] - max(r.d_span[0], r.v_span[1])),
+                                       len(r.in_pass))
+        self.price.observe(sum(len(t) + 1 for t in r.tokens) + sum(map(len, r.leaves)),
+                           r.v_span[1] - r.v_span[0], r.gained, self.clock.now() - r.began,
+                           drafted=True if r.drafted else False if r.stepped else None)
 
     def close(self) -> None:
         self.ov.close()
 
 
 @dataclass
-class Plan:
-    """What a round verifies: each sequence's drafts (``drafts``, cut to what is worth verifying) and leaves."""
+class Round:
+    """One round of ``SpeculativeDecoder.step``, filled in phase by phase."""
 
-    drafts: list[Draft]
-    leaves: list[list[Hypothesis]]
-    min_prob: float
+    number: int
+    seqs: list[Sequence]  # schedule: every running sequence, in row order
+    began: float  # seconds on the decoder's clock
+    drafted: list[Sequence] = field(default_factory=list)  # draft: those the drafter drafted for now
+    draft_seconds: float = 0.0  # ... in a pass on the critical path
+    stepped: bool = False  # ... or, the drafter skipped, those that took a plain step
+    drafts: list[Draft] = field(default_factory=list)  # plan: each sequence's drafts worth verifying
+    leaves: list[list[Hypothesis]] = field(default_factory=list)  # ... and leaves
+    min_prob: float = 0.0  # ... the cut they were chosen at
+    hyps: list[list[Hypothesis]] = field(default_factory=list)  # verify: the outcomes each drafts ahead for (async)
+    in_pass: set[int] = field(default_factory=set)  # ... the sequences j in the hypotheses pass
+    job: "DraftJob | None" = None  # ... that pass
+    t_logits: torch.Tensor | None = None
+    d_logits: torch.Tensor | None = None
+    v_span: tuple[float, float] = (0.0, 0.0)
+    d_span: tuple[float, float] | None = None
+    outcomes: list[Outcome] = field(default_factory=list)  # accept
+    successors: list[Draft] = field(default_factory=list)  # ... the hypotheses' successor blocks
+    gained: int = 0  # commit: tokens committed (before stops and limits cut them)
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        """Each sequence's verified drafts."""
+        return [d.tokens for d in self.drafts]
 
 
-def plan_round(seqs: list[Sequence], side: "Drafting", cut: "Fixed | PricedCut", price: RowPrice) -> Plan:
-    """The drafts worth their rows (each sequence's longest run whose joint estimate beats the round's
-    ``cut``, ``Draft.likely_length``) and the leaves: a fixed cut cuts drafts only; a priced one
-    (``verify_min_prob=auto``) is the measured ``price`` of a row (``d3d.decode.row_price``), for
-    drafts and leaves alike."""
-    min_prob = cut(price)
-    widths = verify_widths([s.draft for s in seqs], min_prob)
-    leaves = [side.leaves(s.draft, n, cut.leaf_floor(min_prob)) for s, n in zip(seqs, widths)]
-    for s, n, row in zip(seqs, widths, leaves):
-        s.tally.verified_drafts += n
-        s.tally.verified_leaves += len(row)
-    return Plan([s.draft.truncated(n) for s, n in zip(seqs, widths)], leaves, min_prob)
-
-
-def round_info(rnd: int, seq: Sequence, origin: Origin, d: Draft, min_prob: float, r: RoundDrafts, o: Outcome,
-               new: list[int], hyps: list[Hypothesis], mine: list[Draft], hit: int | None, v_span, d_span) -> RoundInfo:
-    """What ``on_round`` (``--explain``) sees of ``seq`` in round ``rnd`` (its draft ``d`` came from ``origin``)."""
-    return RoundInfo(round=rnd, seq=seq.id, draft=list(d.tokens), accepted=len(o.accepted), bonus=o.bonus,
+def round_info(r: Round, j: int, origin: Origin, o: Outcome, new: list[int], mine: list[Draft],
+               hit: int | None) -> RoundInfo:
+    """What ``on_round`` (``--explain``) sees of sequence j in round ``r`` (its draft came from ``origin``)."""
+    d = r.drafts[j]
+    return RoundInfo(round=r.number, seq=r.seqs[j].id, draft=list(d.tokens), accepted=len(o.accepted), bonus=o.bonus,
                      committed=new, successor_used=origin is Origin.HYPOTHESIS, fallback=bool(mine) and hit is None,
-                     sync_draft_seconds=r.seconds if origin is Origin.DRAFTER else 0.0, verify_span=v_span,
-                     draft_span=d_span if mine else None, confidence=d.certainty, hypotheses=hyps, hit=hit,
+                     sync_draft_seconds=r.draft_seconds if origin is Origin.DRAFTER else 0.0, verify_span=r.v_span,
+                     draft_span=r.d_span if mine else None, confidence=d.certainty, hypotheses=r.hyps[j], hit=hit,
                      leaf=o.leaf, copied=origin in (Origin.LOOKUP, Origin.DATASTORE),
-                     stored=origin is Origin.DATASTORE, min_prob=min_prob)
+                     stored=origin is Origin.DATASTORE, min_prob=r.min_prob)
 
 
-__all__ = ["SpeculativeDecoder", "RoundInfo", "Verifier", "Drafting", "Draft", "Outcome", "host_drafts",
-           "verify_widths", "RoundDrafts"]
+__all__ = ["SpeculativeDecoder", "RoundInfo", "Round", "Verifier", "Drafting", "Draft", "Outcome", "host_drafts",
+           "verify_widths"]

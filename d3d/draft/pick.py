@@ -65,9 +65,9 @@ def load_any(path: Path, kind: str, model):
 def pick_drafter(model, mode: str | None, drafter: str | Path | None = None):
     """``(mode, drafter or None, note)``, the mode by ``decide_mode``. An explicit ``drafter`` directory
     decides the drafter and its kind the default mode (D3D: ``default_mode`` of the device, sync on a
-    CPU and async on CUDA; DFlash: dflash); an explicit ``mode`` must fit it. Without one, the first bundled drafter of the
-    mode's kind that fits ``model`` is used; where none fits, the default is ar and ``note`` says why,
-    and an explicit speculative ``mode`` is an error that names what is missing."""
+    CPU and async on CUDA; DFlash: dflash); an explicit ``mode`` must fit it. Without one, the first
+    bundled drafter of the mode's kind that fits ``model`` is used; where none fits, the default is ar
+    and ``note`` says why, and an explicit speculative ``mode`` is an error that names what is missing."""
     if mode == "ar":
         return mode, None, ""
     if drafter:
@@ -95,4 +95,5 @@ def pick_drafter(model, mode: str | None, drafter: str | Path | None = None):
     if mode:  # a speculative mode asked for explicitly: say what is missing
         raise ValueError(f"--mode {mode} needs a {'DFlash' if kind == 'dflash' else 'D3D'} drafter for this model: "
                          + "; ".join(why) + "; pass --drafter DIR")
-    return decide_mode(mode, model.device), None, "autoregressive: no bundled drafter fits this model; pass --drafter DIR"
+    note = "autoregressive: no bundled drafter fits this model; pass --drafter DIR"
+    return decide_mode(mode, model.device), None, note

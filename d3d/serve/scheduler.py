@@ -224,7 +224,8 @@ class Scheduler:
             job.sent += len(new)
             delta = job.text.add(new)  # its ids now end with new
             if job.req.explain:  # each token's text and origin: "step" for the prefill's token and ar steps
-                mine = job.info["origins"][:seq.num_output - job.before] if job.info else []  # the output may end inside the round
+                # the round's own tokens are the last; the output may end inside the round
+                mine = job.info["origins"][:seq.num_output - job.before] if job.info else []
                 info = job.info or {}
                 origins = ["step"] * (len(new) - len(mine)) + mine
                 texts = pieces(self.tok, job.text.ids, len(new))
