@@ -246,6 +246,25 @@ def test_stop_tokens_and_max_new_tokens_inside_a_block(mode):
         assert out.tokens == [r[:13] for r in free]
 
 
+def test_a_sequence_keeps_its_own_tokens_limits_and_counts():
+    """``Sequence.commit`` cuts at the first stop token or at max_new; ``generate``'s statistics are its
+    sequences' figures summed (``GenerationStats.add``)."""
+    from d3d.decode.sequence import Sequence
+
+    seq = Sequence([1, 2], 5, stop_ids={9})
+    assert seq.commit([3, 4]) == [3, 4] and not seq.done
+    assert seq.commit([5, 9, 6]) == [5, 9] and seq.stopped and seq.done and seq.output == [3, 4, 5, 9]
+    assert seq.tokens == [1, 2, 3, 4, 5, 9] and seq.output_since(3) == [9]
+    capped = Sequence([1], 3)
+    assert capped.commit([4, 5, 6, 7]) == [4, 5, 6] and capped.done and not capped.stopped
+    target = tiny_target(seed=5)
+    out = generate(target, PROMPTS, max_new_tokens=12, stop_ids=[], drafter=random_drafter(target, 4, seed=6),
+                   spec=SpecConfig("sync", lookup=0, verify_min_prob=0))
+    s = out.stats
+    assert s.num_generated == [12] * len(PROMPTS) and s.num_prompt_tokens == [len(p) for p in PROMPTS]
+    assert sum(s.accept_hist) == s.rounds and s.verified_drafts == 3 * s.rounds  # B = 4: 3 drafts a round
+
+
 @pytest.mark.parametrize("hypotheses", [1, 4])
 def test_async_overlap_strategies_agree_and_explain_rounds(hypotheses):
     """Every overlap runs the same rounds (with 4 hypotheses: sibling blocks through the joint packed

@@ -359,6 +359,7 @@ class SpeculativeDecoder(Decoder):
             s.tally.verified_drafts += n
             s.tally.verified_leaves += len(leaves)
         r.drafts = [s.draft.truncated(n) for s, n in zip(r.seqs, widths)]
+        r.tokens = [d.tokens for d in r.drafts]
 
     def verify(self, r: Round) -> None:
         """Steps 2 and 3: the target's verification pass and, in async, the drafter's hypotheses pass for
@@ -413,8 +414,9 @@ class Round:
     began: float  # seconds on the decoder's clock
     drafted: list[Sequence] = field(default_factory=list)  # draft: those the drafter drafted for now
     draft_seconds: float = 0.0  # ... in a pass on the critical path
-    stepped: bool = False  # ... or, the drafter skipped, those that took a plain step
+    stepped: bool = False  # ... or whether, the drafter skipped, some took a plain step
     drafts: list[Draft] = field(default_factory=list)  # plan: each sequence's drafts worth verifying
+    tokens: list[list[int]] = field(default_factory=list)  # ... their tokens
     leaves: list[list[Hypothesis]] = field(default_factory=list)  # ... and leaves
     min_prob: float = 0.0  # ... the cut they were chosen at
     hyps: list[list[Hypothesis]] = field(default_factory=list)  # verify: the outcomes each drafts ahead for (async)
@@ -427,11 +429,6 @@ class Round:
     outcomes: list[Outcome] = field(default_factory=list)  # accept
     successors: list[Draft] = field(default_factory=list)  # ... the hypotheses' successor blocks
     gained: int = 0  # commit: tokens committed (before stops and limits cut them)
-
-    @property
-    def tokens(self) -> list[list[int]]:
-        """Each sequence's verified drafts."""
-        return [d.tokens for d in self.drafts]
 
 
 def round_info(r: Round, j: int, origin: Origin, o: Outcome, new: list[int], mine: list[Draft],
