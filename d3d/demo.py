@@ -15,8 +15,7 @@ from pathlib import Path
 from .assets import BUNDLED_TARGET, models_dir
 from .cpu.linear import matmul_path
 from .decode.engines import generate
-from .draft.pick import default_mode
-from .draft.pick import pick_drafter
+from .draft.pick import decide_mode, pick_drafter
 from .model.checkpoint import load_model
 from .model.tokenizer import StreamPrinter, load_tokenizer
 
@@ -39,7 +38,7 @@ def run_demo(model: str | Path | None = None, drafter: str | Path | None = None,
     log(f"loading the target {model_dir} (a first run also builds the CPU kernels, ~35 s each, said when it happens)")
     target = load_model(model_dir, weights=weights)
     tok = load_tokenizer(model_dir)
-    mode, draft, note = pick_drafter(target, mode or default_mode(target.device), drafter)
+    mode, draft, note = pick_drafter(target, decide_mode(mode, target.device, "d3d"), drafter)  # a speculative mode
     log(f"loaded in {time.perf_counter() - start:.1f} s: {target.weights} weights, matmuls on "
         f"{matmul_path(target)}; mode {mode}" + (f"; {note}" if note else ""))
     prompt = prompt or (CHAT_PROMPT if chat else CODE_PROMPT)
