@@ -1,6 +1,7 @@
-"""The committed answer store (data/qwen2.5-coder-answers): what it holds is what its manifest
-says, and its requests are disjoint by content from every prompt a choice or a reported figure
-is made on (the corpus's held-out functions: validation and evaluation requests; HumanEval)."""
+"""The committed answer stores (data/qwen2.5-coder-answers, the 0.5B's, and data/qwen2.5-coder-1.5b-answers):
+what each holds is what its manifest says, and its requests are disjoint by content from every prompt a
+choice or a reported figure is made on (the corpus's held-out functions: validation and evaluation
+requests; HumanEval)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,18 @@ from d3d.model.tokenizer import load_tokenizer
 from d3d.data.answers import read_manifest, sealed_answers
 from d3d.train.chat_data import function_snippets
 
-STORE = Path(__file__).resolve().parents[1] / "data" / "qwen2.5-coder-answers"
+DATA = Path(__file__).resolve().parents[1] / "data"
+STORES = ("qwen2.5-coder-answers", "qwen2.5-coder-1.5b-answers")  # the 0.5B's answers, the 1.5B's
 # The one HumanEval sentence that occurs in a training function: a generic phrase
 # (docs/results/qwen-drafter/more-data/README.md, "Disjoint from the evaluation prompts").
 GENERIC = {"and return the result as a string"}
 
 
-@pytest.fixture(scope="module")
-def store():
+@pytest.fixture(scope="module", params=STORES)
+def store(request):
     """(manifest, answers, the function snippet each request asks about). Qwen2.5 and the bundled
     Qwen3 tokenizer share their ids below 151,665 (the chat markers included), so it decodes them."""
-    manifest, answers = read_manifest(STORE), sealed_answers(STORE)
+    manifest, answers = read_manifest(DATA / request.param), sealed_answers(DATA / request.param)
     tok = load_tokenizer(qwen3_tokenizer_dir())
     code = []
     for a in answers:
