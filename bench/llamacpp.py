@@ -40,7 +40,7 @@ import torch
 
 import d3d
 from d3d.draft.pick import pick_drafter
-from d3d.fetch import gguf_path, is_real_model, lookup, resolve_model
+from d3d.fetch import gguf_path, is_real_model, lookup as real_model, resolve_model
 from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     if args.gguf is None and is_real_model(args.target):
         args.gguf = str(gguf_path(args.target))
-    if args.llama_draft is None and is_real_model(args.target) and lookup(args.target).name == "qwen2.5-coder-1.5b" \
+    if args.llama_draft is None and is_real_model(args.target) and real_model(args.target).name == "qwen2.5-coder-1.5b" \
             and gguf_path("qwen2.5-coder-0.5b").is_file():
         args.llama_draft = str(gguf_path("qwen2.5-coder-0.5b"))
     args.target = str(resolve_model(args.target, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)))

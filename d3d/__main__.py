@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
+from .fetch import ALIASES, REAL_MODELS, fetch, is_real_model, resolve_model
 from .files import write_json
 from .model.tokenizer import StreamPrinter
 
@@ -133,8 +134,6 @@ class Explainer:
 def target_dir(arg: str | None) -> Path:
     """``--model``: a checkpoint directory, a real model's name (fetched and converted once, with
     progress), or, without one, the bundled target."""
-    from d3d.fetch import resolve_model
-
     path = Path(resolve_model(arg, log=log_stderr)) if arg else bundled(BUNDLED_TARGET)
     if not (path / "config.json").is_file():
         what = "no config.json there" if path.is_dir() else "not a directory"
@@ -143,21 +142,11 @@ def target_dir(arg: str | None) -> Path:
     return path
 
 
-def is_real_model(name) -> bool:
-    from d3d.fetch import is_real_model
-
-    return is_real_model(name)
-
-
 def real_model_names() -> list[str]:
-    from d3d.fetch import ALIASES, REAL_MODELS
-
     return [*REAL_MODELS, *ALIASES]
 
 
 def cmd_fetch(args) -> int:
-    from d3d.fetch import fetch
-
     for name in args.names:
         print(fetch(name, log=log_stderr, keep_gguf=not args.no_gguf))
     return 0

