@@ -12,7 +12,6 @@ Every step is atomic: an interrupted fetch leaves no file that looks complete.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import env
 from .files import atomic
 
 
@@ -110,9 +110,7 @@ def is_real_model(name: str | Path | None) -> bool:
 
 def cache_root() -> Path:
     """``$D3D_CACHE``, else ``$XDG_CACHE_HOME/d3d``, else ``~/.cache/d3d``."""
-    if os.environ.get("D3D_CACHE"):
-        return Path(os.environ["D3D_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "d3d"
+    return env.read("D3D_CACHE") or env.read("XDG_CACHE_HOME") / "d3d"
 
 
 def model_dir(name: str, root: Path | None = None) -> Path:

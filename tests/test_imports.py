@@ -128,6 +128,7 @@ def test_imports_have_no_cycle():
 # floor, lowest first. A room imports only rooms on lower floors: no arrow up, none sideways, so no
 # circle between folders. A new room gets a floor here.
 FLOORS = (
+    ("env",),  # the environment variables d3d reads
     ("files", "assets", "hardware"),  # atomic writes, where models live, what the CPU offers
     ("kernels",),  # attention, acceptance, denoising, CPU matmul kernels
     ("cpu",),  # the precision policy, prepacked and quantized matrices

@@ -24,13 +24,13 @@ Norms, softmax, RoPE and acceptance run in fp32 whatever the policy picks (``d3d
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
+from .. import env
 from ..hardware import cpu_flags, llc_bytes
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -91,10 +91,8 @@ def _cpu_choice() -> DtypeChoice:
 
 def auto_dtype(device: torch.device | str = "cpu", checkpoint_dtype: str | None = None) -> DtypeChoice:
     """The policy's dtype for ``device`` (see the module docstring for the rules)."""
-    forced = os.environ.get("D3D_DTYPE", "").strip()
-    if forced and forced != "auto":
-        if forced not in DTYPES:
-            raise ValueError(f"D3D_DTYPE={forced!r}: expected auto or one of {', '.join(DTYPES)}")
+    forced = env.read("D3D_DTYPE")
+    if forced != "auto":
         return DtypeChoice(str(DTYPES[forced]).removeprefix("torch."), "forced by D3D_DTYPE")
     device = torch.device(device)
     if device.type == "cpu":
@@ -212,10 +210,8 @@ def auto_weights(weights: str, dtype, device: torch.device | str, cfg, checkpoin
     device = torch.device(device)
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
-    forced = os.environ.get("D3D_WEIGHTS", "").strip()
-    if weights == "auto" and forced and forced != "auto":
-        if forced not in WEIGHTS:
-            raise ValueError(f"D3D_WEIGHTS={forced!r}: expected auto or one of {', '.join(WEIGHTS)}")
+    forced = env.read("D3D_WEIGHTS") if weights == "auto" else "auto"
+    if forced != "auto":
         weights, how = forced, "forced by D3D_WEIGHTS"
     else:
         how = "asked for"

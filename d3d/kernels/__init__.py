@@ -17,11 +17,10 @@ paths serve every device, and asking for the Triton path says what is missing.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-_CHOICES = ("auto", "torch", "triton")
+from .. import env
+
 NO_TRITON = ("Triton is not installed (pip install triton; Linux only): the Triton kernels are unavailable, "
              "the torch paths (D3D_KERNELS=torch, the default without Triton) need none")
 
@@ -68,15 +67,12 @@ except ImportError:
 
 def backend() -> str:
     """The override from the environment, validated."""
-    choice = os.environ.get("D3D_KERNELS", "auto").strip().lower() or "auto"
-    if choice not in _CHOICES:
-        raise ValueError(f"D3D_KERNELS={choice!r}: expected one of {', '.join(_CHOICES)}")
-    return choice
+    return env.read("D3D_KERNELS")
 
 
 def interpreting() -> bool:
     """True when Triton kernels run in the interpreter (CPU tensors allowed)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return env.read("TRITON_INTERPRET")
 
 
 def use_triton(t: torch.Tensor) -> bool:

@@ -54,12 +54,12 @@ path, and for CUDA tensors on the Triton path only when ``D3D_CHECKS=1``.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from d3d import env
 from d3d.kernels import interpreting, tl, triton, use_triton
 
 __all__ = [
@@ -268,7 +268,7 @@ def _check_groups(group_ids, cu, reach=None):
 
 
 def _debug_checks() -> bool:
-    return os.environ.get("D3D_CHECKS", "0") not in ("", "0")
+    return env.read("D3D_CHECKS")
 
 
 # --------------------------------------------------------------------------------------------

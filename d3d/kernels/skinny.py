@@ -16,12 +16,12 @@ Torch reference: ``F.linear`` (same value up to rounding). Loop oracle: ``naive.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from pathlib import Path
 
 import torch
 
+from .. import env
 from ..hardware import cpu_flags
 from .cpp import AVX2_FLAGS, build
 
@@ -78,13 +78,11 @@ def wanted() -> bool:
     """Whether fp32 CPU matmuls should use this kernel: ``D3D_CPU_MATMUL`` = ``panels`` (yes),
     ``onednn`` (no) or unset/``auto``: yes on AVX2 CPUs without AVX-512, where it was measured
     faster; oneDNN elsewhere (its AVX-512 fp32 kernels are unmeasured against this one)."""
-    return _wanted(os.environ.get("D3D_CPU_MATMUL", "auto"))
+    return _wanted(env.read("D3D_CPU_MATMUL"))
 
 
 @functools.cache
 def _wanted(choice: str) -> bool:  # cached: the warning below is said once
-    if choice not in ("auto", "panels", "onednn"):
-        raise ValueError(f"D3D_CPU_MATMUL={choice!r}: expected auto, panels or onednn")
     if choice == "onednn":
         return False
     if choice == "auto" and "avx512f" in cpu_flags():
