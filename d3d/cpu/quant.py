@@ -12,8 +12,9 @@ These hold llama.cpp's blocks without re-quantization error: Q8_0 is int8 with G
 with G = 32 (both with fp16 scales, their own), Q6_K int8 with G = 16 (s = d * sc, exact in fp32),
 Q4_K int4 with G = 32 (s = d * sc, m = dmin * mn, exact), which is what ``d3d.model.gguf`` keeps.
 K-quant scales and mins stay ``Factored`` as the GGUF holds them (an int8 factor per group, an fp16
-one per super-block of 256) where the VNNI kernel multiplies: a quarter of fp32 scales' bytes. From a
-dense checkpoint, ``quantize`` makes int8 with one scale per row, or int4 with G = ``INT4_GROUP``.
+one per super-block of 256) where the VNNI kernel multiplies: a quarter of fp32 scales' bytes, and there the
+group factors apply in integers (``two_level``). From a dense checkpoint, ``quantize`` makes int8 with one
+scale per row, or int4 with G = ``INT4_GROUP``.
 
 Products go through ``d3d.kernels.quant``: with fp32 activations (AVX2 / AVX-512, bit for bit the
 fp32 panel kernel on ``dequantize()``) or, where ``int8_activations`` says so, with int8 activations
@@ -101,7 +102,7 @@ class QuantWeight:
         self.q = kernel.to_panels(q.contiguous())
         self.high = None if high is None else kernel.bits_to_panels(high.contiguous(), n)
         self.scale_d = self.min_d = None  # two-level: the fp16 factors of Factored scales and mins
-        if self.int8_activations and isinstance(scale, Factored) and (min is None or isinstance(min, Factored)):
+        if self.int8_activations and two_level(scale, min, bits, self.group):
             self.scale, self.scale_d = kernel.to_panels(scale.f), kernel.to_panels(scale.d.half())
             if min is not None:
                 self.min, self.min_d = kernel.to_panels(min.f), kernel.to_panels(min.d.half())
@@ -218,6 +219,14 @@ def int8_activations(k: int, group: int) -> bool:
     if choice == "int8" and not kernel.vnni_available():
         raise RuntimeError(f"D3D_QUANT_ACTIVATIONS=int8: {kernel.why_vnni_unavailable()}")
     return kernel.vnni_available()
+
+
+def two_level(scale, min, bits: int, group: int) -> bool:
+    """Whether the VNNI kernel takes these scales as two factors (``quant_vnni.cpp``: activations
+    quantized per super-block, group factors applied in integers): int8 or int4 groups of 16 or 32 in
+    super-blocks of 256 inputs, as llama.cpp's K-quants hold them; otherwise their fp32 values."""
+    return (isinstance(scale, Factored) and (min is None or isinstance(min, Factored)) and bits in (4, 8)
+            and group in (16, 32) and group * (scale.f.shape[1] // scale.d.shape[1]) == 256)
 
 
 def int5_kept() -> bool:

@@ -11,7 +11,8 @@ import math
 import torch
 
 __all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_matmul_reference",
-           "quant_matmul_reference", "quant_vnni_reference"]
+           "quant_matmul_reference", "quant_vnni_reference",
+           "quant_vnni_two_level_reference"]
 
 
 def packed_attention_reference(
@@ -121,11 +122,16 @@ def quant_matmul_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m:
 
 
 def quant_vnni_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: int,
-                         h: torch.Tensor | None = None) -> torch.Tensor:
+                         h: torch.Tensor | None = None, sd: torch.Tensor | None = None,
+                         md: torch.Tensor | None = None) -> torch.Tensor:
     """The int8-activation kernel of ``d3d.kernels.quant.matmul_vnni``, by loops over groups: per row
     and group a of A inputs (32; 16 where the weights' group is 16) qx = round(x / sx), sx = max|x| / 127
     (fp32), I = sum (q - offset) qx exactly, acc = fp32(acc + I fl(s sx)) (one rounding, as an fma),
-    int4 then acc = fp32(acc - m X) with X the fp32 sum of x over the group in k order."""
+    int4 then acc = fp32(acc - m X) with X the fp32 sum of x over the group in k order. Two-level
+    scales (``s``, ``m`` int8 factors per group, ``sd``, ``md`` per super-block of 256):
+    ``quant_vnni_two_level_reference``."""
+    if sd is not None:
+        return quant_vnni_two_level_reference(x, q, s, m, sd, md, bits)
     from .quant import dequantize
 
     N, K = q.shape[0], x.shape[1]
@@ -149,5 +155,36 @@ def quant_vnni_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: t
                 for v in xa:
                     total = (total + v).float()
                 acc = (acc.double() - m[:, g].float().double() * total.double()).float()
+        out[r] = acc
+    return out
+
+
+def quant_vnni_two_level_reference(x: torch.Tensor, q: torch.Tensor, f: torch.Tensor, mf: torch.Tensor | None,
+                                   d: torch.Tensor, dm: torch.Tensor | None, bits: int) -> torch.Tensor:
+    """``matmul_vnni`` on K-quant scales, by loops: per row and super-block b of 256 inputs one sx =
+    max|x| / 127, qx = round(x / sx); per group g, I_g = sum q qx and B_g = sum qx (integers);
+    T = sum_g f[n, g] I_g, M = sum_g mf[n, g] B_g exactly; acc = fp32(acc + fp32(T) fl(d[n, b] sx)),
+    int4 then acc = fp32(acc - fp32(M) fl(dm[n, b] sx))."""
+    from .quant import dequantize
+
+    N, K = q.shape[0], x.shape[1]
+    G, S = K // f.shape[1], 256
+    qi = dequantize(q, torch.ones(f.shape, dtype=torch.float32), None, bits).long()  # int4: q; int8: q
+    out = torch.empty(x.shape[0], N, dtype=torch.float32)
+    for r in range(x.shape[0]):
+        acc = torch.zeros(N, dtype=torch.float32)
+        for b in range(K // S):
+            xb = x[r, b * S:(b + 1) * S]
+            sx = (xb.abs().max() / 127).float()
+            qx = (torch.round(xb / sx) if sx > 0 else torch.zeros_like(xb)).long()
+            T, M = torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.long)
+            for i in range(S // G):
+                g, sl = b * S // G + i, slice(i * G, (i + 1) * G)
+                T += f[:, g].long() * (qi[:, b * S + i * G:b * S + (i + 1) * G] * qx[sl]).sum(1)
+                if mf is not None:
+                    M += mf[:, g].long() * qx[sl].sum()
+            acc = (acc.double() + T.float().double() * (d[:, b].float() * sx).float().double()).float()
+            if mf is not None:
+                acc = (acc.double() - M.float().double() * (dm[:, b].float() * sx).float().double()).float()
         out[r] = acc
     return out

@@ -11,10 +11,16 @@
 // whose bytes are read as q + 128, 16 for int5, 0 for int4):
 //   I = sum_{k in a} (q[n, k] + z) qx[m, k] - z sum_{k in a} qx[m, k]          (exact integers)
 //   acc = fma(float(I), fl(s[n, g] * sx[m, a]), acc);  int4: acc = fma(-m[n, g], X[m, a], acc)
-// with X the fp32 sum of x over the group in k order, groups in k order from acc = 0. Two-level scales
-// (llama.cpp's K-quants: an fp16 d per super-block and an integer factor per group) are held as they
-// come, s = fl(d * f) formed here (exact: 11 bits times at most 8), fewer bytes than fp32 scales. Every row's
+// with X the fp32 sum of x over the group in k order, groups in k order from acc = 0. Every row's
 // result depends on that row alone, so it is row-invariant for every row count, tile and thread.
+//
+// Two-level scales (llama.cpp's K-quants: an fp16 d per super-block of 256 inputs and an int8 factor f
+// per group; int4's mins likewise dm and mf) are held as they come, and the activations of such a matrix
+// are quantized per super-block instead (one sx per row and 256 inputs, as llama.cpp's Q8_K), so the
+// group factors apply in integers and a super-block costs one fp32 fma per row and output:
+//   T = sum_{g in b} f[n, g] I_g,  B_g = sum_{k in g} qx[m, k],  M = sum_{g in b} mf[n, g] B_g  (exact int32)
+//   acc = fma(float(T), fl(d[n, b] sx[m, b]), acc);  int4: acc = fma(-float(M), fl(dm[n, b] sx[m, b]), acc)
+// (|T| < 2^31 for 256 inputs of int8 factors and weights; float(T) rounds to nearest, as the oracle).
 // Loop oracle: naive.quant_vnni_reference.
 //
 // Layouts: the panels of quant_gemm.cpp. A 64-byte load holds 4 steps (int8: k .. k + 3) or 4 k
@@ -51,11 +57,14 @@ using d3d_quant::Weights;
 
 struct Act {  // the quantized activations of all rows
     const int8_t* q;      // [M, K], in the format's k order
-    const float* scale;   // [M, K / A]
+    const float* scale;   // [M, K / A]; two-level: [M, K / 256]
     const int32_t* zsum;  // [M, K / A]: -z sum of qx (the weights' offset z times the row's sum)
     const float* xsum;    // [M, K / A]: fp32 sum of x (int4's mins)
+    const int16_t* qsum;  // two-level: [M, K / A], sum of qx per group (int4's mins, in pairs)
     int64_t K, A;
 };
+
+constexpr int64_t SUPER = 256;  // inputs per super-block of two-level scales
 
 // [i][j] (4 x 16 bytes) -> [j][i] (16 lanes of 4 bytes)
 inline __m512i transpose4x16(__m512i v) {
@@ -88,81 +97,84 @@ inline void high_masks(const uint8_t* h, __mmask64& even, __mmask64& odd) {
     odd = _mm512_bitshuffle_epi64_mask(_mm512_broadcastq_epi64(_mm_unpackhi_epi64(halves, halves)), ctl);
 }
 
-// MR rows x NP panels over activation groups a0 .. a1. Each 64-byte load of weights is unpacked once
-// and applied to all MR rows, and each row's 4 activation bytes are broadcast once for all NP panels:
-// per row and 64 weights, one vpdpbusd. Integer sums start from -z sum qx (the same integers).
-// SC: how the scales are held: 0 fp32, 1 fp16, 2 two-level (int8 factors of fp16 super-block factors).
+// The integer sums of MR rows x NP panels over one activation group k0 .. k0 + A: I += (q + z) qx.
+// Each 64-byte load of weights is unpacked once and applied to all MR rows, and each row's 4 activation
+// bytes are broadcast once for all NP panels: per row and 64 weights, one vpdpbusd.
+template <int MR, int NP, int BITS, int A>
+inline void dots(const int8_t* xq, int64_t K, const Weights& W, int64_t k0, __m512i (&I)[MR][NP]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i sixteen = _mm512_set1_epi8(0x10);
+    // int4/int5 in small tiles: the odd k's sums apart (two dependency chains per output, not one; in
+    // the 4 x 2 tile that spills registers)
+    constexpr bool SPLIT = BITS != 8 && MR * NP <= 4;
+    __m512i J[MR][NP];
+    if constexpr (SPLIT)
+        for (int m = 0; m < MR; ++m)
+            for (int p = 0; p < NP; ++p) J[m][p] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int64_t k = k0; k < k0 + A; k += (BITS == 8 ? 4 : 8)) {
+        __m512i lo[NP], hi[NP];  // int8: lo only
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) {
+            const uint8_t* q = W.q + p * W.qstride + (BITS == 8 ? k : k / 2) * NR;
+            _mm_prefetch(reinterpret_cast<const char*>(q + 16 * 64), _MM_HINT_T0);
+            const __m512i v = transpose4x16(_mm512_loadu_si512(q));
+            if constexpr (BITS == 8) {
+                lo[p] = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
+            } else {
+                lo[p] = _mm512_and_si512(v, low4);
+                hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                if constexpr (BITS == 5) {
+                    __mmask64 even, odd;
+                    high_masks(W.h + p * W.hstride + k * 2, even, odd);  // 4 words: k pairs k/2 .. k/2 + 3
+                    lo[p] = _mm512_mask_add_epi8(lo[p], even, lo[p], sixteen);
+                    hi[p] = _mm512_mask_add_epi8(hi[p], odd, hi[p], sixteen);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) {
+            const __m512i xe = bcast4(xq + m * K + k);  // int4/int5: k, k+2, k+4, k+6
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; ++p) I[m][p] = _mm512_dpbusd_epi32(I[m][p], lo[p], xe);
+            if constexpr (BITS != 8) {
+                const __m512i xo = bcast4(xq + m * K + k + 4);  // the odd k
+                __m512i* odd = SPLIT ? J[m] : I[m];
+#pragma GCC unroll 4
+                for (int p = 0; p < NP; ++p) odd[p] = _mm512_dpbusd_epi32(odd[p], hi[p], xo);
+            }
+        }
+    }
+    if constexpr (SPLIT)
+        for (int m = 0; m < MR; ++m)
+            for (int p = 0; p < NP; ++p) I[m][p] = _mm512_add_epi32(I[m][p], J[m][p]);
+}
+
+inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
+
+// MR rows x NP panels over activation groups a0 .. a1, one scale (and int4 min) per group and row
+// applied in fp32 (see the top). Integer sums start from -z sum qx (the same integers).
+// SC: how the scales are held: 0 fp32, 1 fp16.
 template <int MR, int NP, int BITS, int SC, int A>
 void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1,
           const int64_t* cols) {
     __m512 acc[MR][NP];
     for (int m = 0; m < MR; ++m)
         for (int p = 0; p < NP; ++p)
-            acc[m][p] = a0 == 0 ? _mm512_setzero_ps()
-                                : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << cols[p]) - 1), y + m * ldy + p * NR);
+            acc[m][p] = a0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(cols[p]), y + m * ldy + p * NR);
     const int64_t K = X.K;
-    const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i sixteen = _mm512_set1_epi8(0x10);
-    const int8_t* xq = X.q + m0 * K;
-    __m512 sd[NP], md[NP];  // two-level: the super-block's fp16 factors, loaded when the super-block changes
-    int64_t block = -1;
     for (int64_t a = a0; a < a1; ++a) {  // activation groups, in k order
         __m512i I[MR][NP];
         for (int m = 0; m < MR; ++m) {
             const __m512i z = _mm512_set1_epi32(X.zsum[(m0 + m) * (K / A) + a]);
             for (int p = 0; p < NP; ++p) I[m][p] = z;
         }
-        const int64_t k0 = a * A;
-#pragma GCC unroll 8
-        for (int64_t k = k0; k < k0 + A; k += (BITS == 8 ? 4 : 8)) {
-            __m512i lo[NP], hi[NP];  // int8: lo only
-#pragma GCC unroll 4
-            for (int p = 0; p < NP; ++p) {
-                const uint8_t* q = W.q + p * W.qstride + (BITS == 8 ? k : k / 2) * NR;
-                _mm_prefetch(reinterpret_cast<const char*>(q + 16 * 64), _MM_HINT_T0);
-                const __m512i v = transpose4x16(_mm512_loadu_si512(q));
-                if constexpr (BITS == 8) {
-                    lo[p] = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
-                } else {
-                    lo[p] = _mm512_and_si512(v, low4);
-                    hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                    if constexpr (BITS == 5) {
-                        __mmask64 even, odd;
-                        high_masks(W.h + p * W.hstride + k * 2, even, odd);  // 4 words: k pairs k/2 .. k/2 + 3
-                        lo[p] = _mm512_mask_add_epi8(lo[p], even, lo[p], sixteen);
-                        hi[p] = _mm512_mask_add_epi8(hi[p], odd, hi[p], sixteen);
-                    }
-                }
-            }
-#pragma GCC unroll 8
-            for (int m = 0; m < MR; ++m) {
-                const __m512i xe = bcast4(xq + m * K + k);  // int4/int5: k, k+2, k+4, k+6
-#pragma GCC unroll 4
-                for (int p = 0; p < NP; ++p) I[m][p] = _mm512_dpbusd_epi32(I[m][p], lo[p], xe);
-                if constexpr (BITS != 8) {
-                    const __m512i xo = bcast4(xq + m * K + k + 4);  // the odd k
-#pragma GCC unroll 4
-                    for (int p = 0; p < NP; ++p) I[m][p] = _mm512_dpbusd_epi32(I[m][p], hi[p], xo);
-                }
-            }
-        }
-        const int64_t g = k0 / W.group;
+        const int64_t k0 = a * A, g = k0 / W.group;
+        dots<MR, NP, BITS, A>(X.q + m0 * K, K, W, k0, I);
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) {
-            __m512 s, mn;
-            if constexpr (SC == 2) {
-                if (g / W.per_d != block) {
-                    const int64_t j = p * W.dstride + (g / W.per_d) * NR;
-                    sd[p] = load16<true>(W.sd, j);
-                    if constexpr (BITS == 4) md[p] = load16<true>(W.md, j);
-                    if (p == NP - 1) block = g / W.per_d;
-                }
-                s = _mm512_mul_ps(sd[p], load16_i8(W.s, p * W.sstride + g * NR));
-                mn = BITS == 4 ? _mm512_mul_ps(md[p], load16_i8(W.m, p * W.sstride + g * NR)) : s;
-            } else {
-                s = load16<SC == 1>(W.s, p * W.sstride + g * NR);
-                mn = BITS == 4 ? load16<SC == 1>(W.m, p * W.sstride + g * NR) : s;
-            }
+            const __m512 s = load16<SC == 1>(W.s, p * W.sstride + g * NR);
+            const __m512 mn = BITS == 4 ? load16<SC == 1>(W.m, p * W.sstride + g * NR) : s;
 #pragma GCC unroll 8
             for (int m = 0; m < MR; ++m) {
                 const int64_t i = (m0 + m) * (K / A) + a;
@@ -173,8 +185,70 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
         }
     }
     for (int m = 0; m < MR; ++m)
-        for (int p = 0; p < NP; ++p)
-            _mm512_mask_storeu_ps(y + m * ldy + p * NR, static_cast<__mmask16>((1u << cols[p]) - 1), acc[m][p]);
+        for (int p = 0; p < NP; ++p) _mm512_mask_storeu_ps(y + m * ldy + p * NR, first(cols[p]), acc[m][p]);
+}
+
+// int4's mins of a super-block: the int8 factors of groups g, g + 1 of one panel as 16 lanes of int16
+// pairs (column j: mf[j, g], mf[j, g + 1]), for vpdpwssd with a row's pair of group sums.
+inline __m512i min_pairs(const int8_t* f) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(f));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + NR));
+    return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+}
+
+// Two-level scales: MR rows x NP panels over super-blocks b0 .. b1 (see the top). The group factors
+// apply in integers; the fp32 accumulators live in y (one load and store per super-block).
+template <int MR, int NP, int BITS, int G>
+void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t b0, int64_t b1,
+             const int64_t* cols) {
+    constexpr int64_t PER = SUPER / G;  // groups per super-block
+    const int64_t K = X.K, NG = K / G, NB = K / SUPER;
+    const int8_t* f = static_cast<const int8_t*>(W.s);
+    const int8_t* mf = static_cast<const int8_t*>(W.m);
+    for (int64_t b = b0; b < b1; ++b) {
+        __m512i T[MR][NP];
+        for (int m = 0; m < MR; ++m)
+            for (int p = 0; p < NP; ++p) T[m][p] = _mm512_setzero_si512();
+        for (int64_t g = b * PER; g < (b + 1) * PER; ++g) {
+            __m512i I[MR][NP];
+            for (int m = 0; m < MR; ++m) {
+                const __m512i z = BITS == 8 ? _mm512_set1_epi32(X.zsum[(m0 + m) * NG + g]) : _mm512_setzero_si512();
+                for (int p = 0; p < NP; ++p) I[m][p] = z;
+            }
+            dots<MR, NP, BITS, G>(X.q + m0 * K, K, W, g * G, I);
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; ++p) {
+                const __m512i fg = _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + p * W.sstride + g * NR)));
+#pragma GCC unroll 8
+                for (int m = 0; m < MR; ++m) T[m][p] = _mm512_add_epi32(T[m][p], _mm512_mullo_epi32(I[m][p], fg));
+            }
+        }
+        for (int p = 0; p < NP; ++p) {
+            const int64_t j = p * W.dstride + b * NR;
+            const __m512 d = load16<true>(W.sd, j);
+            __m512i mp[PER / 2];
+            if constexpr (BITS == 4)
+                for (int64_t i = 0; i < PER / 2; ++i) mp[i] = min_pairs(mf + p * W.sstride + (b * PER + 2 * i) * NR);
+            for (int m = 0; m < MR; ++m) {
+                float* out = y + m * ldy + p * NR;
+                const __m512 sx = _mm512_set1_ps(X.scale[(m0 + m) * NB + b]);
+                __m512 acc = b == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(cols[p]), out);
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T[m][p]), _mm512_mul_ps(d, sx), acc);
+                if constexpr (BITS == 4) {
+                    const int16_t* qs = X.qsum + (m0 + m) * NG + b * PER;
+                    __m512i M = _mm512_setzero_si512();
+                    for (int64_t i = 0; i < PER / 2; ++i) {
+                        int32_t pair;
+                        std::memcpy(&pair, qs + 2 * i, 4);
+                        M = _mm512_dpwssd_epi32(M, mp[i], _mm512_set1_epi32(pair));
+                    }
+                    acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(load16<true>(W.md, j), sx), acc);
+                }
+                _mm512_mask_storeu_ps(out, first(cols[p]), acc);
+            }
+        }
+    }
 }
 
 // Rows per tile: 4 rows x 2 panels keep 16 accumulators, 16 sums and the unpacked weights in the 32
@@ -185,15 +259,18 @@ constexpr int64_t MR_MAX = 4;
 template <int BITS, int SC, int A>
 void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0,
              int64_t a1, const int64_t* cols) {
-#define D3D_TILE(R, P) \
-    if (mr == R && np == P) return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);
+#define D3D_TILE(R, P)                                                                                        \
+    if (mr == R && np == P) {                                                                                 \
+        if constexpr (SC == 2) return tile_sb<R, P, BITS, A>(X, m0, W, y, ldy, a0 * A / SUPER, a1 * A / SUPER, cols); \
+        else return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);                                  \
+    }
     D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1)
 #undef D3D_TILE
 }
 
 template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
-    const int64_t blocks = X.K / X.A, AB = std::max<int64_t>(1, 256 / X.A);  // activation groups per k block
+    const int64_t blocks = X.K / X.A, AB = std::max<int64_t>(1, SUPER / X.A);  // activation groups per k block
     at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
             const int64_t p0 = gi * GROUP, npg = std::min(GROUP, P - p0);
@@ -220,33 +297,45 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
     });
 }
 
-#pragma GCC pop_options
-
-// The activations of every row, quantized per group of A: qx (in the format's k order), sx, sum qx, sum x.
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, bool nibble_order, int32_t z, int8_t* q,
-                   float* scale, int32_t* zsum, float* xsum) {
+// The activations of every row, quantized per span of S inputs (A, or SUPER for two-level scales): qx (in
+// the format's k order) and sx per span; per group of A: -z sum qx, sum qx and, where int4's mins need
+// it (``xsums``), sum x (fp32, added in k order). 16 inputs at a time: division and rounding to nearest
+// as the scalar oracle does them, so the same integers.
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, bool nibble_order, int32_t z,
+                   bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum) {
+    // int4/int5 lanes hold k, k+2, k+4, k+6 then k+1, k+3, k+5, k+7 of each 8
+    const __m512i order = nibble_order ? _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15)
+                                       : _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int64_t m = 0; m < M; ++m)
-        for (int64_t a = 0; a < K / A; ++a) {
-            const float* xa = x + m * K + a * A;
-            float amax = 0.f, total = 0.f;
-            for (int64_t i = 0; i < A; ++i) {
-                amax = std::max(amax, std::fabs(xa[i]));
-                total += xa[i];
+        for (int64_t b = 0; b < K / S; ++b) {
+            const float* xb = x + m * K + b * S;
+            __m512 top = _mm512_setzero_ps();
+            for (int64_t i = 0; i < S; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
+            const float sx = _mm512_reduce_max_ps(top) / 127.f;
+            const __m512 vsx = _mm512_set1_ps(sx);
+            scale[m * (K / S) + b] = sx;
+            for (int64_t a = b * (S / A); a < (b + 1) * (S / A); ++a) {
+                const float* xa = x + m * K + a * A;
+                __m512i sum = _mm512_setzero_si512();
+                for (int64_t i = 0; i < A; i += 16) {
+                    const __m512 v = _mm512_permutexvar_ps(order, _mm512_loadu_ps(xa + i));
+                    const __m512i v8 = sx > 0.f ? _mm512_cvtps_epi32(_mm512_div_ps(v, vsx)) : _mm512_setzero_si512();
+                    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + m * K + a * A + i), _mm512_cvtepi32_epi8(v8));
+                    sum = _mm512_add_epi32(sum, v8);
+                }
+                const int32_t total = _mm512_reduce_add_epi32(sum);
+                zsum[m * (K / A) + a] = -z * total;
+                qsum[m * (K / A) + a] = static_cast<int16_t>(total);  // |total| <= 32 * 127
+                if (xsums) {
+                    float t = 0.f;
+                    for (int64_t i = 0; i < A; ++i) t += xa[i];
+                    xsum[m * (K / A) + a] = t;
+                }
             }
-            const float sx = amax / 127.f;
-            int32_t s = 0;
-            for (int64_t i = 0; i < A; ++i) {
-                // int4/int5 lanes hold k, k+2, k+4, k+6 then k+1, k+3, k+5, k+7 of each 8
-                const int64_t src = nibble_order ? (i & ~7) + ((i & 7) < 4 ? 2 * (i & 3) : 2 * (i & 3) + 1) : i;
-                const int32_t v = sx > 0.f ? static_cast<int32_t>(std::nearbyint(xa[src] / sx)) : 0;
-                q[m * K + a * A + i] = static_cast<int8_t>(v);
-                s += v;
-            }
-            scale[m * (K / A) + a] = sx;
-            zsum[m * (K / A) + a] = -z * s;
-            xsum[m * (K / A) + a] = total;
         }
 }
+
+#pragma GCC pop_options
 
 }  // namespace
 
@@ -262,20 +351,24 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     const int sc = W.two ? 2 : W.half ? 1 : 0;
     TORCH_CHECK(G % A == 0 && K % A == 0, "quant_vnni.matmul: groups of ", G, " over K=", K,
                 " need G = 16 or a multiple of 32 and K a multiple of ", A);
+    TORCH_CHECK(!W.two || ((G == 16 || G == 32) && G * W.per_d == SUPER && bits != 5),
+                "quant_vnni.matmul: two-level scales need int8 or int4 groups of 16 or 32 in super-blocks of ",
+                SUPER, " inputs, got int", bits, " groups of ", G, " x ", W.per_d);
     auto xc = x.contiguous();
-    const int64_t M = xc.size(0);
+    const int64_t M = xc.size(0), S = W.two ? SUPER : A;
     if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
     std::vector<int8_t> qx(M * K);
-    std::vector<float> sx(M * (K / A)), xs(M * (K / A));
+    std::vector<float> sx(M * (K / S)), xs(M * (K / A));
     std::vector<int32_t> sq(M * (K / A));
-    quantize_rows(xc.data_ptr<float>(), M, K, A, bits != 8, bits == 8 ? 128 : bits == 5 ? 16 : 0, qx.data(), sx.data(),
-                  sq.data(), xs.data());
-    const Act X{qx.data(), sx.data(), sq.data(), xs.data(), K, A};
+    std::vector<int16_t> qs(M * (K / A));
+    quantize_rows(xc.data_ptr<float>(), M, K, A, S, bits != 8, bits == 8 ? 128 : bits == 5 ? 16 : 0,
+                  bits == 4 && !W.two, qx.data(), sx.data(), sq.data(), xs.data(), qs.data());
+    const Act X{qx.data(), sx.data(), sq.data(), xs.data(), qs.data(), K, A};
     auto y = torch::empty({M, N}, x.options());
     float* yp = y.data_ptr<float>();
 #define D3D_RUN(B, S) \
     if (bits == B && sc == S) run<B, S>(X, M, W, P, N, yp);
-    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(8, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(5, 2) D3D_RUN(4, 0) D3D_RUN(4, 1)
+    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(8, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
     D3D_RUN(4, 2)
 #undef D3D_RUN
     return y;
