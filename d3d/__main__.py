@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
+from .cpu.precision import WEIGHTS
 from .fetch import ALIASES, REAL_MODELS, fetch, is_real_model, resolve_model
 from .files import write_json
 from .model.tokenizer import StreamPrinter
@@ -444,12 +445,14 @@ def add_generate_parser(sub) -> None:
 
 
 def add_weights_argument(p) -> None:
-    p.add_argument("--weights", choices=["auto", "dense", "fp32", "bf16", "int8", "int4"], default="auto",
-                   help="how the matrices are held. auto (default): a quantized checkpoint (convert-gguf's) keeps "
-                        "its blocks; a dense one gets int8 on a CPU where its matrices outgrow the last-level cache "
-                        "and a streaming probe finds int8 faster, else --dtype. int8: one scale per row; int4: "
-                        "groups of 32 with a scale and a min (changes the model more); dense (in --dtype), fp32, "
-                        "bf16: dense (dequantizing a quantized checkpoint). D3D_WEIGHTS overrides auto "
+    p.add_argument("--weights", choices=list(WEIGHTS), default="auto",
+                   help="how the target's matrices are held (the drafter's follow them). auto (default): a "
+                        "quantized checkpoint (convert-gguf's) keeps its blocks; a dense one gets int8 on a CPU "
+                        "where its matrices outgrow the last-level cache and a streaming probe finds int8 faster, "
+                        "else --dtype. int8: one scale per row; int4: "
+                        "groups of 32 with a scale and a min (changes the model more; both compute in float32); "
+                        "dense (in --dtype), fp32/float32, bf16/bfloat16, fp16/float16: dense (dequantizing a "
+                        "quantized checkpoint). --dtype must agree with it. D3D_WEIGHTS overrides auto "
                         "(d3d/cpu/precision.py)")
 
 

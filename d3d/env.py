@@ -46,8 +46,8 @@ _DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 VARIABLES = {v.name: v for v in (
     Variable("D3D_DTYPE", "the dtype of weights, activations and KV cache wherever a dtype is left to the "
              "policy (dtype=\"auto\", d3d.cpu.precision); tests pin float32", "choice", ("auto", *_DTYPES), "auto"),
-    Variable("D3D_WEIGHTS", "how load_model holds a checkpoint's matrices where weights=\"auto\" (an explicit "
-             "dtype wins over it; d3d.cpu.precision); tests pin dense", "choice",
+    Variable("D3D_WEIGHTS", "how a model holds its matrices where weights=\"auto\" (a drafter beside a target "
+             "follows the target; an explicit dtype wins; d3d.cpu.precision); tests pin dense", "choice",
              ("auto", "dense", *_DTYPES, "int8", "int4"), "auto"),
     Variable("D3D_QUANT_ACTIVATIONS", "whether quantized matrices multiply int8 activations (VNNI) or fp32 "
              "ones (bit-equal to the dequantized model); auto: int8 where the CPU has VNNI", "choice",

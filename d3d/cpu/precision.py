@@ -122,8 +122,9 @@ PROBE_SHAPE = (2048, 1024)  # one probe matrix; the probe streams enough of them
 
 @dataclass(frozen=True)
 class WeightsChoice:
-    """How ``load_model`` holds the matrices (``model.weights_choice``): a dense dtype's name, ``dense``
-    (the dtype policy's), ``int8``, ``int4``, or ``checkpoint`` (a quantized checkpoint's own blocks)."""
+    """How a model holds its matrices (``Transformer.weights_choice``, recorded by ``Transformer.load_weights``):
+    a dense dtype's name, ``dense`` (in the dtype asked for, or the policy's), ``int8``, ``int4``, or
+    ``checkpoint`` (a quantized checkpoint's own blocks)."""
 
     weights: str
     reason: str
@@ -137,6 +138,13 @@ class WeightsChoice:
     def quantizes(self) -> bool:
         """Whether dense matrices of the checkpoint are quantized at load."""
         return self.weights in ("int8", "int4")
+
+    def compute_dtype(self, dtype, device: torch.device | str = "cpu", checkpoint_dtype: str | None = None):
+        """The dtype the model computes in: fp32 beside quantized matrices, a dense dtype's own, else
+        ``dtype`` (None or ``"auto"``: the dtype policy's)."""
+        if self.quantized:
+            return torch.float32
+        return resolve_dtype(self.weights if self.weights in DTYPES else dtype, device, checkpoint_dtype)
 
 
 def probe_weights_ms(dtype: torch.dtype, llc: int, rows: tuple[int, ...] = (1, 8), repeats: int = 3) -> dict:
@@ -195,52 +203,89 @@ def _cpu_weights(dense_bytes: int, dtype_name: str) -> WeightsChoice:
     return decide_weights(dense_bytes, llc, kernel_why, lambda: probe_weights_ms(DTYPES[dtype_name], llc))
 
 
-def auto_weights(weights: str, dtype, device: torch.device | str, cfg, checkpoint_quantized: bool) -> WeightsChoice:
-    """How to hold the matrices of a checkpoint (``load_model(weights=...)``, CLI ``--weights``).
+def computes_in(weights: str, checkpoint_quantized: bool = False) -> torch.dtype | None:
+    """The dtype a model computes in when its matrices are held as ``weights`` (a WEIGHTS word): a dense
+    dtype's own; fp32 for quantized matrices, and for ``auto`` on a quantized checkpoint (which keeps its
+    blocks); None where ``dtype`` decides (``dense``, ``auto`` on a dense checkpoint)."""
+    want = WEIGHTS[weights]
+    if want in DTYPES:
+        return DTYPES[want]
+    if want in ("int8", "int4") or (want == "auto" and checkpoint_quantized):
+        return torch.float32
+    return None
+
+
+def auto_weights(weights: str, dtype, device: torch.device | str, cfg, checkpoint_quantized: bool,
+                 follow: str | None = None) -> WeightsChoice:
+    """How to hold the matrices of a checkpoint, a target's or a drafter's alike (``load_model``'s and
+    ``load_drafter``'s ``weights``, CLI ``--weights``): the one reader of the WEIGHTS words.
 
     1. ``weights`` names a choice: fp32/bf16/fp16 or dense (the dtype policy's, or ``dtype``'s; a
        quantized checkpoint is dequantized), int8/int4 (dense matrices quantized at load; a
-       quantized checkpoint keeps its blocks). ``D3D_WEIGHTS`` in the environment does the same
-       for ``"auto"`` (an explicit ``dtype`` wins over it).
-    2. ``"auto"``: a quantized checkpoint keeps its blocks; a dense one gets ``decide_weights``'s
-       choice on a CPU when ``dtype`` is left to the policy; otherwise the dtype policy.
+       quantized checkpoint keeps its blocks). An explicit ``dtype`` must agree with it (quantized
+       matrices compute in fp32): a ValueError names both where they do not.
+    2. ``"auto"``: beside a target (``follow``: its ``Transformer.weights``) as the target holds its own
+       (its dtype; int4 beside int4, int8 beside other quantized formats); else ``D3D_WEIGHTS`` where
+       set; else a quantized checkpoint keeps its blocks, and a dense one gets ``decide_weights``'s
+       choice on a CPU when ``dtype`` is left to the policy, otherwise the dtype policy. An explicit
+       ``dtype`` wins over what auto would pick in another dtype: dense matrices in ``dtype``.
     Quantized weights need the CPU kernel (``d3d.kernels.quant``): where it is missing, or off a
     CPU, they are dequantized with a warning.
     """
-    device = torch.device(device)
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
-    forced = env.read("D3D_WEIGHTS") if weights == "auto" else "auto"
-    if forced != "auto":
-        weights, how = forced, "forced by D3D_WEIGHTS"
-    else:
-        how = "asked for"
+    given = None if dtype is None or dtype == "auto" else resolve_dtype(dtype)
+    fixed = computes_in(weights)
+    if given is not None and fixed not in (None, given):
+        raise ValueError(f"weights={weights!r} and dtype={dtype!r} disagree ({weights} computes in "
+                         f"{str(fixed).removeprefix('torch.')}); give one of them")
+    how = "asked for"
+    if weights == "auto":
+        weights, how = _auto_word(follow)
+        if given is not None and computes_in(weights, checkpoint_quantized) not in (None, given):
+            return WeightsChoice("dense", "dtype given")
+    return _held(weights, how, dtype, torch.device(device), cfg, checkpoint_quantized)
+
+
+def _auto_word(follow: str | None) -> tuple[str, str]:
+    """The WEIGHTS word ``"auto"`` stands for, and why: the target's way (``follow``), ``D3D_WEIGHTS``, or auto."""
+    if follow is not None:
+        word = follow if follow in DTYPES else "int4" if follow == "int4" else "int8"
+        return word, f"follows the target ({follow})"
+    forced = env.read("D3D_WEIGHTS")
+    return (forced, "forced by D3D_WEIGHTS") if forced != "auto" else ("auto", "asked for")
+
+
+def _held(weights: str, how: str, dtype, device: torch.device, cfg, checkpoint_quantized: bool) -> WeightsChoice:
+    """``auto_weights``' choice once ``weights`` is a word that agrees with ``dtype``."""
     want = WEIGHTS[weights]
-    dtype_auto = dtype is None or dtype == "auto"
     if want == "dense":
         return WeightsChoice("dense", how)
-    if want in ("float32", "bfloat16", "float16"):
-        if not dtype_auto and resolve_dtype(dtype) != DTYPES[want]:
-            if how != "asked for":  # the environment yields to an explicit dtype
-                return WeightsChoice("dense", "dtype given")
-            raise ValueError(f"weights={weights!r} and dtype={dtype!r} disagree; give one of them")
+    if want in DTYPES:
         return WeightsChoice(want, how)
-    if want in ("int8", "int4") or (want == "auto" and checkpoint_quantized):
-        why = _why_no_quant(device)
-        if why is None:
-            if want == "auto":
-                return WeightsChoice("checkpoint", "the checkpoint is quantized: its blocks are kept")
-            kept = " (the checkpoint's own blocks are kept)" if checkpoint_quantized else ""
-            return WeightsChoice(want, how + kept)
-        import warnings
-
-        warnings.warn(f"d3d: quantized weights {why}; dequantizing to dense", stacklevel=3)
-        return WeightsChoice("dense", f"quantized weights {why}")
+    if want in ("int8", "int4") or checkpoint_quantized:
+        return _quantized(want, how, device, checkpoint_quantized)
+    dtype_auto = dtype is None or dtype == "auto"
     if not dtype_auto or device.type != "cpu":
         return WeightsChoice("dense", "dtype given" if not dtype_auto else f"{device.type}: the dtype policy")
     name = auto_dtype(device, cfg.torch_dtype).dtype
     dense_bytes = cfg.num_parameters() * torch.finfo(DTYPES[name]).bits // 8
     return _cpu_weights(dense_bytes, name)
+
+
+def _quantized(want: str, how: str, device: torch.device, checkpoint_quantized: bool) -> WeightsChoice:
+    """Quantized matrices (``want``: int8, int4, or auto on a quantized checkpoint), or dense with a
+    warning where the kernel cannot multiply them."""
+    why = _why_no_quant(device)
+    if why is not None:
+        import warnings
+
+        warnings.warn(f"d3d: quantized weights {why}; dequantizing to dense", stacklevel=5)
+        return WeightsChoice("dense", f"quantized weights {why}")
+    if want == "auto":
+        return WeightsChoice("checkpoint", "the checkpoint is quantized: its blocks are kept")
+    kept = " (the checkpoint's own blocks are kept)" if checkpoint_quantized else ""
+    return WeightsChoice(want, how + kept)
 
 
 def _why_no_quant(device: torch.device) -> str | None:
@@ -252,4 +297,4 @@ def _why_no_quant(device: torch.device) -> str | None:
 
 
 __all__ = ["DtypeChoice", "DTYPES", "auto_dtype", "resolve_dtype", "decide_cpu", "probe_matmul_ms",
-           "WeightsChoice", "WEIGHTS", "auto_weights", "decide_weights", "probe_weights_ms"]
+           "WeightsChoice", "WEIGHTS", "auto_weights", "computes_in", "decide_weights", "probe_weights_ms"]

@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 
 from ..model.cache import KVCache, branches
-from ..model.checkpoint import SHARED_EMBEDDINGS, load_embeddings, parse_dtype, read_state, save_model
+from ..model.checkpoint import SHARED_EMBEDDINGS, is_quantized_checkpoint, load_embeddings, read_state, save_model
 from ..model.config import ModelConfig
 from ..kernels.denoise import denoise_step
 from ..model.transformer import Transformer, quant_linear
-from ..cpu.quant import is_quantized, quantize
-from ..cpu.precision import resolve_dtype
+from ..cpu.quant import is_quantized
+from ..cpu.precision import auto_weights
 
 RULES = ("threshold", "topk", "all")
 
@@ -284,9 +284,10 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     model ``embeddings_from`` names (fetched once where missing; the target's own where it is that
     model), so the drafter fits any target with its vocabulary, or else from the ``target`` (which
     its width must match). The drafter's vocabulary must match the target's.
-    weights: ``"auto"`` follows the target: next to a quantized target the drafter's matrices are
-    quantized too (int4 beside an int4 target, else int8; a drafter stored as int8 keeps its own
-    scales), else dense; or ``"int8"``, ``"int4"``, ``"dense"``.
+    weights: the words of ``load_model``'s (``d3d.cpu.precision.WEIGHTS``, read by the same ``auto_weights``);
+    ``"auto"`` follows the target: next to a quantized target the drafter's matrices are quantized too
+    (int4 beside an int4 target, else int8; a drafter stored as int8 keeps its own scales), next to a
+    dense one dense in the target's dtype. ``dtype`` and ``weights`` must agree, as for ``load_model``.
     """
     path = Path(path)
     if not path.is_dir():
@@ -305,19 +306,13 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     elif dcfg.shared_embeddings and not dcfg.embeddings_from:
         raise ValueError(f"{source}: this drafter shares the target's embeddings; pass target=")
     device = torch.device(device) if device is not None else (target.device if target is not None else torch.device("cpu"))
-    dtype = parse_dtype(dtype) or (target.dtype if target is not None else resolve_dtype("auto", device, cfg.torch_dtype))
     K = dcfg.draft_vocab_size
-    fmt = drafter_weights(weights, target, device)
-    if fmt is not None:
-        dtype = torch.float32
+    choice = auto_weights(weights, dtype, device, cfg, is_quantized_checkpoint(path),
+                          follow=target.weights if target is not None else None)
     state, extra = read_state(path, cfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
-                              extra={DRAFT_VOCAB: (K,)} if K else None, keep_quantized=fmt is not None)
+                              extra={DRAFT_VOCAB: (K,)} if K else None, keep_quantized=choice.quantized)
     with torch.device("meta"):
         model = Transformer(cfg)
-    for name in [n for n, v in state.items() if is_quantized(v) or (fmt is not None and v.dim() == 2)]:
-        w = state.pop(name)
-        model.set_weight(name, w if is_quantized(w) else quantize(w, fmt))
-    state = {k: v.to(device, dtype) for k, v in state.items()}
     lender = borrowed_embeddings(dcfg, cfg, target, source) if dcfg.shared_embeddings else None
     if lender is not None:
         model.embed_tokens = lender.embed_tokens
@@ -327,11 +322,11 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     if K:
         vocab_map = check_draft_vocab(extra[DRAFT_VOCAB], cfg.vocab_size, f"{source}: tensor {DRAFT_VOCAB!r}").to(device)
         model.lm_head = draft_head(lender, vocab_map)
-    model.load_state_dict(state, strict=False, assign=True)
+    model.load_weights(state, choice, dtype, device, strict=False)
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
         raise ValueError(f"{source}: parameters not loaded: {leftover[:5]}")
-    return Drafter(model.eval().requires_grad_(False).pack_for_cpu(), dcfg, vocab_map)
+    return Drafter(model, dcfg, vocab_map)
 
 
 DRAFT_VOCAB = "d3d.draft_vocab"
@@ -346,19 +341,6 @@ def check_draft_vocab(ids: torch.Tensor, vocab_size: int, what: str) -> torch.Te
     if ids.unique().numel() != ids.numel():
         raise ValueError(f"{what}: ids must be distinct")
     return ids
-
-
-def drafter_weights(weights: str, target: Transformer | None, device) -> str | None:
-    """The quantized format of a drafter's matrices (``load_drafter(weights=...)``), or None for dense."""
-    if weights not in ("auto", "int8", "int4", "dense"):
-        raise ValueError(f"weights={weights!r}: expected auto, int8, int4 or dense")
-    if weights == "auto":
-        if target is None or not target.quantized:
-            return None
-        weights = "int4" if target.weights == "int4" else "int8"
-    if weights != "dense" and torch.device(device).type != "cpu":
-        raise ValueError(f"weights={weights!r}: quantized drafters run on a CPU only, not {device}")
-    return None if weights == "dense" else weights
 
 
 def borrowed_embeddings(dcfg: DrafterConfig, cfg: ModelConfig, target: Transformer | None, source: str):

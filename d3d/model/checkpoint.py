@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from .config import ModelConfig
 from ..files import atomic, write_json
 from .transformer import Transformer
-from ..cpu.precision import DTYPES, auto_weights, resolve_dtype
+from ..cpu.precision import DTYPES, auto_weights
 from ..cpu.quant import Factored, QuantWeight, is_quantized, join, quantize
 
 
@@ -305,7 +305,9 @@ def load_model(
         quantized checkpoint quantized and gives a dense one int8 where that is faster on this CPU;
         ``"fp32"``/``"bf16"`` dense (a quantized checkpoint is dequantized); ``"int8"``/``"int4"``
         quantize dense matrices (a quantized checkpoint keeps its own blocks). Quantized models
-        compute in fp32 on a CPU.
+        compute in fp32 on a CPU, so ``dtype`` and ``weights`` must agree (a ValueError names both where
+        they do not); with ``weights="auto"`` an explicit ``dtype`` wins. The choice is the model's
+        ``weights_choice`` (``Transformer.load_weights``, the drafter's too).
     """
     path = Path(path)
     if not path.is_dir():
@@ -313,19 +315,11 @@ def load_model(
     cfg = cfg or ModelConfig.load(path)
     device = torch.device(device)
     choice = auto_weights(weights, dtype, device, cfg, is_quantized_checkpoint(path))
-    dense = choice.weights if choice.weights in DTYPES else dtype
-    dtype = torch.float32 if choice.quantized else resolve_dtype(dense, device, cfg.torch_dtype)
     state, _ = read_state(path, cfg, keep_quantized=choice.quantized)
     with torch.device("meta"):
         model = Transformer(cfg)
-    for name in [n for n, v in state.items() if is_quantized(v) or (choice.quantizes and v.dim() == 2)]:
-        w = state.pop(name)
-        model.set_weight(name, w if is_quantized(w) else quantize(w, choice.weights))
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
-    model.load_state_dict(state, strict=True, assign=True)
-    model.weights_choice = choice
+    model.load_weights(state, choice, dtype, device)
     model.source = path.resolve()
-    model = model.eval().requires_grad_(False).pack_for_cpu()
     trim_heap()
     return model
 

@@ -27,7 +27,8 @@ from .config import ModelConfig
 from ..kernels import use_triton
 from ..kernels.attention import attend_torch, packed_attention
 from ..kernels.attention_cpu import CpuPlan, attend_cpu, fits
-from ..cpu.quant import is_quantized
+from ..cpu.precision import WeightsChoice
+from ..cpu.quant import is_quantized, quantize
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -225,6 +226,7 @@ class Transformer(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.source: Path | None = None  # the checkpoint directory it was loaded from, if any
+        self.weights_choice: WeightsChoice | None = None  # how load_weights held the matrices (None: built here)
 
     # ---------------------------------------------------------------- helpers
 
@@ -287,12 +289,27 @@ class Transformer(nn.Module):
     def quantize_(self, fmt: str) -> "Transformer":
         """Quantize every dense matrix in place (``d3d.cpu.quant.quantize``: int8 or int4; the embedding
         and LM head too); the rest of the model moves to fp32 (quantized models compute in fp32)."""
-        from ..cpu.quant import quantize
-
         for name, p in list(self.named_parameters()):
             if p.dim() == 2:
                 self.set_weight(name, quantize(p, fmt))
+        self.weights_choice = WeightsChoice(fmt, "quantize_")
         return self.float().pack_for_cpu()
+
+    def load_weights(self, state: dict, choice: WeightsChoice, dtype=None, device: torch.device | str = "cpu",
+                     strict: bool = True) -> "Transformer":
+        """Fill this model (built on the meta device) from ``state`` (our parameter names) held as ``choice``
+        says (``d3d.cpu.precision.auto_weights``): how ``load_model`` and ``load_drafter`` alike load.
+        Quantized matrices go in as they come, dense ones are quantized where the choice quantizes, and the
+        rest moves to ``device`` in the dtype the choice computes in (``dtype``: the one asked for). Empties
+        ``state`` as it goes (each tensor freed once placed) and keeps ``choice`` as ``weights_choice``."""
+        for name in [n for n, v in state.items() if is_quantized(v) or (choice.quantizes and v.dim() == 2)]:
+            w = state.pop(name)
+            self.set_weight(name, w if is_quantized(w) else quantize(w, choice.weights))
+        dtype = choice.compute_dtype(dtype, device, self.cfg.torch_dtype)
+        self.load_state_dict({k: state.pop(k).to(device=device, dtype=dtype) for k in list(state)}, strict=strict,
+                             assign=True)
+        self.weights_choice = choice
+        return self.eval().requires_grad_(False).pack_for_cpu()
 
     def set_weight(self, name: str, weight) -> None:
         """Put a quantized matrix (``d3d.cpu.quant``) where the parameter ``name`` (ours, e.g.
