@@ -278,7 +278,8 @@ def test_gguf_blocks_are_kept_without_requantization_error(kind):
     raw = random_blocks(kind, 5, 512, np.random.default_rng(len(kind)))
     ref = gguf.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).reshape(5, 512)
     w = quant_weight(raw, kind, (5, 512))
-    assert w.format == {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q5_0": "int5"}.get(kind, "int8")
+    six = "int6" if w.int8_activations else "int8"  # Q6_K's values are held in 6 bits where VNNI multiplies
+    assert w.format == {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q5_0": "int5", "Q6_K": six}.get(kind, "int8")
     assert torch.equal(w.dequantize(), torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))
     with pytest.raises(ValueError, match="do not make a 5 x 544 matrix"):
         quant_weight(raw, kind, (5, 544))
@@ -547,3 +548,58 @@ def test_k_quant_scales_stay_factored_through_join_files_and_rows(kind):
     stacked = join([parts, unlike])
     assert isinstance(stacked, Stacked) and all((p.scale_d is not None) == (w.scale_d is not None)
                                                 for p in stacked.parts)
+
+
+# ---------------------------------------------------------------- Q6_K held in 6 bits
+
+@pytest.mark.parametrize("n,k", [(1, 8), (17, 64), (40, 256), (33, 520)])
+def test_int6_panels_round_trip(n, k):
+    g = torch.Generator().manual_seed(n + k)
+    q = torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=g)
+    nib, crumbs = kernel.int6_to_panels(q, chunk=16)
+    assert nib.shape == (-(-n // 16), k // 2, 16) and crumbs.shape == (-(-n // 16), k // 8, 32)
+    assert torch.equal(kernel.int6_from_panels(nib, crumbs, n), q)
+    rows = torch.tensor([n - 1, 0, n // 2])
+    assert torch.equal(kernel.int6_from_panels(nib, crumbs, n, rows), q[rows])
+
+
+@needs_vnni
+@pytest.mark.parametrize("M,N,K", [(1, 17, 256), (3, 70, 512), (8, 33, 768), (13, 16, 1536)])
+def test_int6_equals_the_int8_it_holds(M, N, K):
+    """int6 panels (Q6_K's values) give bit for bit what the same values as int8 panels give, which
+    is the two-level loop oracle; every row as alone."""
+    from d3d.kernels.naive import quant_vnni_reference
+
+    g = torch.Generator().manual_seed(M * 7 + N + K)
+    x = torch.randn(M, K, generator=g)
+    q = torch.randint(-32, 32, (N, K), dtype=torch.int8, generator=g)
+    s = random_factored(N, K, 16, g, signed=True)
+    P = kernel.to_panels
+    six = kernel.matmul_vnni(x, *kernel.int6_to_panels(q)[:1], P(s.f), None, N, 6, kernel.int6_to_panels(q)[1],
+                             P(s.d.half()))
+    eight = kernel.matmul_vnni(x, P(q), P(s.f), None, N, 8, None, P(s.d.half()))
+    assert torch.equal(six, eight)
+    assert torch.equal(six, quant_vnni_reference(x, q, s.f, None, 8, None, s.d))
+    for i in range(M):
+        assert torch.equal(kernel.matmul_vnni(x[i:i + 1], kernel.int6_to_panels(q)[0], P(s.f), None, N, 6,
+                                              kernel.int6_to_panels(q)[1], P(s.d.half())), six[i:i + 1]), i
+
+
+def test_q6_k_is_held_in_six_bits_where_the_vnni_kernel_multiplies():
+    from d3d.cpu.quant import QuantWeight
+    from d3d.model.gguf import block_parts
+
+    rng = np.random.default_rng(5)
+    parts = block_parts(random_blocks("Q6_K", 40, 512, rng), "Q6_K", (40, 512))
+    w = QuantWeight(*parts)
+    assert torch.equal(w.parts()[0], parts[0]) and torch.equal(w.dequantize(), QuantWeight(*w.rowmajor()).dequantize())
+    rows = torch.tensor([39, 3])
+    assert torch.equal(w.select(rows).dequantize(), w.dequantize()[rows])
+    if w.int8_activations:
+        assert w.format == "int6" and w.nbytes < QuantWeight(*w.rowmajor()).nbytes
+        x = torch.randn(3, 512)
+        q, s, _, _ = parts
+        from d3d.kernels.naive import quant_vnni_reference
+        assert torch.equal(w.linear(x), quant_vnni_reference(x, q, s.f, None, 8, None, s.d))
+    else:
+        assert w.format == "int8"

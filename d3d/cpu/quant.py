@@ -99,10 +99,17 @@ class QuantWeight:
         for t in (scale, min):
             if isinstance(t, Factored):
                 t.check(n, what)
-        self.q = kernel.to_panels(q.contiguous())
-        self.high = None if high is None else kernel.bits_to_panels(high.contiguous(), n)
         self.scale_d = self.min_d = None  # two-level: the fp16 factors of Factored scales and mins
-        if self.int8_activations and two_level(scale, min, bits, self.group):
+        held = self.int8_activations and two_level(scale, min, bits, self.group)
+        # int8 values in [-32, 31] with two-level scales (Q6_K's) are held in 6 bits where the VNNI kernel
+        # multiplies: a quarter fewer bytes to stream (the LM head of the Qwen2.5 GGUFs among them)
+        self.six = held and bits == 8 and int(q.min()) >= -32 and int(q.max()) <= 31 and k % 8 == 0
+        if self.six:
+            self.q, self.high = kernel.int6_to_panels(q)
+        else:
+            self.q = kernel.to_panels(q.contiguous())
+            self.high = None if high is None else kernel.bits_to_panels(high.contiguous(), n)
+        if held:
             self.scale, self.scale_d = kernel.to_panels(scale.f), kernel.to_panels(scale.d.half())
             if min is not None:
                 self.min, self.min_d = kernel.to_panels(min.f), kernel.to_panels(min.d.half())
@@ -117,7 +124,7 @@ class QuantWeight:
 
     @property
     def format(self) -> str:
-        return f"int{self.bits}"
+        return "int6" if self.six else f"int{self.bits}"
 
     @property
     def shape(self) -> torch.Size:
@@ -148,6 +155,8 @@ class QuantWeight:
         n = self.out_features
         q, scale, mins = (None if t is None else kernel.from_panels(t, n, rows) for t in (self.q, self.scale, self.min))
         high = None if self.high is None else kernel.bits_from_panels(self.high, n, rows)
+        if self.six:
+            q, high = kernel.int6_from_panels(self.q, self.high, n, rows), None
         if self.scale_d is not None:
             scale = Factored(scale, kernel.from_panels(self.scale_d, n, rows).float())
             if mins is not None:
@@ -174,7 +183,7 @@ class QuantWeight:
         if x2.dtype != torch.float32:
             x2 = x2.float()
         y = kernel.matmul_packed(x2.contiguous(), self.q, self.high, self.scale, self.min, self.out_features,
-                                 self.bits, self.int8_activations, self.scale_d, self.min_d)
+                                 6 if self.six else self.bits, self.int8_activations, self.scale_d, self.min_d)
         if bias is not None:
             y += bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)

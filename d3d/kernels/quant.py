@@ -15,8 +15,10 @@ for bit, for every M, and equals ``naive.skinny_matmul_reference(x, dequantize(.
 Torch reference: ``dequantize`` + ``F.linear``. Loop oracle: ``naive.quant_matmul_reference``.
 
 ``matmul_vnni`` (``quant_vnni.cpp``, AVX-512 VNNI + VBMI + BITALG) reads the same panels but quantizes the
-activations to int8 per row and group and sums exact integer dot products (numerics in that file;
-loop oracle ``naive.quant_vnni_reference``).
+activations to int8 per row and group (per super-block of 256 for two-level K-quant scales) and sums
+exact integer dot products (numerics in that file; loop oracles ``naive.quant_vnni_reference`` and
+``naive.quant_vnni_two_level_reference``). It also reads int6 (``int6_to_panels``: Q6_K's values, 6.5
+bits a weight with their scales instead of int8's 8.5).
 """
 
 from __future__ import annotations
@@ -138,6 +140,44 @@ def bits_from_panels(t: torch.Tensor, n: int, rows: torch.Tensor | None = None) 
     return pack_bits(b[torch.arange(len(rows)), :, :, rows % PANEL].reshape(len(rows), -1))
 
 
+def int6_to_panels(q: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 q [N, K] with values in [-32, 31] (Q6_K's) -> int6 panels for the VNNI kernel: the nibbles of
+    u = q + 32 as int4's [P, K/2, 16], and u's high two bits [P, K/8, 32] laid out for the kernel's
+    transposed bytes: for k step s (k = 8 s .. 8 s + 7), transposed byte t = 4 j + i is column j at
+    k = 8 s + 2 i (even, E[t]) or 8 s + 2 i + 1 (odd, O[t]); byte u < 32 holds E[u], E[u + 32], O[u],
+    O[u + 32] from bit 0, two bits each. In chunks of rows (a multiple of 16)."""
+    n, k = q.shape
+    if k % 8:
+        raise ValueError(f"int6_to_panels: K={k} must be a multiple of 8")
+    panels = -(-n // PANEL)
+    nib = torch.empty(panels, k // 2, PANEL, dtype=torch.uint8)
+    crumbs = torch.empty(panels, k // 8, 32, dtype=torch.uint8)
+    for r in range(0, n, chunk):
+        u = (q[r:r + chunk].to(torch.int16) + 32).to(torch.uint8)
+        p0, c = r // PANEL, -(-u.shape[0] // PANEL)
+        nib[p0:p0 + c] = to_panels(pack_nibbles(u & 15))
+        h = torch.zeros(c * PANEL, k, dtype=torch.uint8)
+        h[:u.shape[0]] = u >> 4
+        x = h.view(c, PANEL, k // 8, 4, 2).permute(0, 2, 4, 1, 3).reshape(c, k // 8, 2, 64)  # [p, s, odd, t]
+        e, o = x[:, :, 0], x[:, :, 1]
+        crumbs[p0:p0 + c] = e[..., :32] | (e[..., 32:] << 2) | (o[..., :32] << 4) | (o[..., 32:] << 6)
+    return nib, crumbs
+
+
+def int6_from_panels(nib: torch.Tensor, crumbs: torch.Tensor, n: int,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of ``int6_to_panels``: int8 q [r, K] of all n rows or just ``rows``."""
+    rows = torch.arange(n) if rows is None else rows
+    low = unpack_nibbles(from_panels(nib, n, rows))  # [r, K]
+    b = crumbs[rows // PANEL]  # [r, K/8, 32]
+    e = torch.cat([b & 3, (b >> 2) & 3], dim=-1)  # [r, K/8, 64] by transposed byte t
+    o = torch.cat([(b >> 4) & 3, (b >> 6) & 3], dim=-1)
+    t = (rows % PANEL)[:, None, None] * 4 + torch.arange(4)  # column j's bytes 4 j .. 4 j + 3
+    t = t.expand(-1, b.shape[1], -1)
+    high = torch.stack([e.gather(2, t), o.gather(2, t)], dim=-1).reshape(len(rows), -1)  # k order
+    return ((low | (high << 4)).to(torch.int16) - 32).to(torch.int8)
+
+
 def dequantize(q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: int,
                h: torch.Tensor | None = None) -> torch.Tensor:
     """Row-major q [N, K] int8 or [N, K/2] uint8 (k even in the low nibble), int5's high bits h [N, K/8],
@@ -155,12 +195,12 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, bits: i
 
 
 def _check(x, q, s, m, n, bits, h, two_level=False):
-    if bits not in (4, 5, 8):
-        raise ValueError(f"quant.matmul: bits must be 8, 5 or 4, got {bits}")
+    if bits not in ((4, 5, 6, 8) if two_level else (4, 5, 8)):
+        raise ValueError(f"quant.matmul: bits must be 8, 5 or 4 (6 with two-level scales), got {bits}")
     if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"quant.matmul: x must be a 2-D fp32 CPU tensor, got {tuple(x.shape)} {x.dtype} on {x.device}")
     K = x.shape[1]
-    kq, dt = (K, torch.int8) if bits == 8 else (K // 2, torch.uint8)
+    kq, dt = (K, torch.int8) if bits == 8 else (K // 2, torch.uint8)  # int4, int5, int6: nibbles
     if q.dim() != 3 or q.shape[1:] != (kq, PANEL) or q.dtype != dt:
         raise ValueError(f"quant.matmul: q must be {dt} panels [P, {kq}, {PANEL}] for x {tuple(x.shape)}, got "
                          f"{q.dtype} {tuple(q.shape)}")
@@ -173,9 +213,11 @@ def _check(x, q, s, m, n, bits, h, two_level=False):
     if (m is None) != (bits != 4) or (m is not None and (m.shape != s.shape or m.dtype != s.dtype)):
         raise ValueError(f"quant.matmul: int4 needs mins shaped and typed like the scales and int8/int5 none, got "
                          f"{None if m is None else (tuple(m.shape), m.dtype)}")
-    if (h is None) != (bits != 5) or (h is not None and h.shape != (q.shape[0], K // 2, 4)):
-        raise ValueError(f"quant.matmul: int5 needs high bits [{q.shape[0]}, {K // 2}, 4] (bits_to_panels) and the "
-                         f"others none, got {None if h is None else tuple(h.shape)}")
+    hs = {5: (q.shape[0], K // 2, 4), 6: (q.shape[0], K // 8, 32)}.get(bits)
+    if (h is None) != (hs is None) or (h is not None and h.shape != hs):
+        raise ValueError(f"quant.matmul: int5 needs high bits [P, K/2, 4] (bits_to_panels), int6 [P, K/8, 32] "
+                         f"(int6_to_panels), the others none; got {None if h is None else tuple(h.shape)} for "
+                         f"int{bits}")
     if not (q.shape[0] - 1) * PANEL < n <= q.shape[0] * PANEL:
         raise ValueError(f"quant.matmul: n={n} does not fit {q.shape[0]} panels of {PANEL}")
 
@@ -213,5 +255,6 @@ def matmul_packed(x, q, h, s, m, n, bits, int8_activations: bool = False, sd=Non
 
 
 __all__ = ["available", "why_unavailable", "vnni_available", "why_vnni_unavailable", "matmul", "matmul_vnni",
-           "matmul_packed", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels", "pack_nibbles",
-           "unpack_nibbles", "unpack_bits", "pack_bits", "dequantize", "PANEL", "ISAS"]
+           "matmul_packed", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels", "int6_to_panels",
+           "int6_from_panels", "pack_nibbles", "unpack_nibbles", "unpack_bits", "pack_bits", "dequantize", "PANEL",
+           "ISAS"]

@@ -12,7 +12,7 @@ constexpr int64_t GROUP = 4;  // panels a thread takes at a time (the widest til
 
 struct Weights {
     const uint8_t* q;   // panel 0 of this tile
-    const uint8_t* h;   // int5's high bits (else null)
+    const uint8_t* h;   // int5's high bit or int6's high two bits (else null)
     const void* s;      // scales: fp32, fp16, or (two-level) int8 factors
     const void* m;      // int4's mins (else null), typed like the scales
     int64_t qstride;    // bytes from one panel to the next
@@ -41,13 +41,16 @@ struct Weights {
 
 // The panels of x [M, K] @ W^T, checked by name (``who``: the calling function). Two-level scales
 // (non-empty ``sd``): s and m int8 factors, sd and md their fp16 factors per ``per_d`` groups.
+// int6 (the VNNI kernel only, ``six``): q as int4's nibbles, h its high two bits [P, K/8, 32] (quant_vnni.cpp).
 inline Weights checked(const char* who, const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
                        const torch::Tensor& s, const torch::Tensor& m, int64_t N, int64_t G, int64_t bits,
-                       const torch::Tensor& sd = torch::Tensor(), const torch::Tensor& md = torch::Tensor()) {
-    TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, who, ": bits must be 8, 5 or 4, got ", bits);
+                       const torch::Tensor& sd = torch::Tensor(), const torch::Tensor& md = torch::Tensor(),
+                       bool six = false) {
+    TORCH_CHECK(bits == 8 || bits == 5 || bits == 4 || (six && bits == 6), who, ": bits must be 8, ",
+                (six ? "6, " : ""), "5 or 4, got ", bits);
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
                 who, ": x must be a 2-D fp32 CPU tensor, got ", x.sizes(), " ", x.scalar_type());
-    const int64_t K = x.size(1), KQ = bits == 8 ? K : K / 2;
+    const int64_t K = x.size(1), KQ = bits == 8 ? K : K / 2;  // int4, int5, int6: nibbles
     TORCH_CHECK(q.dim() == 3 && q.size(2) == NR && q.is_contiguous() &&
                     q.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8) && q.size(1) == KQ,
                 who, ": q must be contiguous panels [P, ", KQ, ", 16] of ", (bits == 8 ? "int8" : "uint8"), ", got ",
@@ -73,13 +76,18 @@ inline Weights checked(const char* who, const torch::Tensor& x, const torch::Ten
     if (bits == 4)
         TORCH_CHECK(m.sizes() == s.sizes() && m.is_contiguous() && m.scalar_type() == s.scalar_type(),
                     who, ": mins must be contiguous and shaped and typed like the scales, got ", m.sizes());
+    if (bits == 6)
+        TORCH_CHECK(h.dim() == 3 && h.is_contiguous() && h.scalar_type() == torch::kUInt8 && h.size(0) == P &&
+                        h.size(1) == K / 8 && h.size(2) == 32 && K % 8 == 0,
+                    who, ": int6's high bits must be contiguous uint8 [", P, ", ", K / 8, ", 32], got ", h.sizes());
     if (bits == 5)
         TORCH_CHECK(h.dim() == 3 && h.is_contiguous() && h.scalar_type() == torch::kUInt8 && h.size(0) == P &&
                         h.size(1) == K / 2 && h.size(2) == 4,
                     who, ": high bits must be contiguous uint8 [", P, ", ", K / 2, ", 4], got ", h.sizes());
     TORCH_CHECK(N > (P - 1) * NR && N <= P * NR, who, ": N=", N, " does not fit ", P, " panels");
-    return Weights{reinterpret_cast<const uint8_t*>(q.data_ptr()), bits == 5 ? h.data_ptr<uint8_t>() : nullptr,
-                   s.data_ptr(), bits == 4 ? m.data_ptr() : nullptr, KQ * NR, bits == 5 ? (K / 2) * 4 : 0,
+    return Weights{reinterpret_cast<const uint8_t*>(q.data_ptr()),
+                   bits == 5 || bits == 6 ? h.data_ptr<uint8_t>() : nullptr, s.data_ptr(),
+                   bits == 4 ? m.data_ptr() : nullptr, KQ * NR, bits == 5 ? (K / 2) * 4 : bits == 6 ? (K / 8) * 32 : 0,
                    s.size(1) * NR, G, half, two,
                    two ? reinterpret_cast<const uint16_t*>(sd.data_ptr()) : nullptr,
                    two && bits == 4 ? reinterpret_cast<const uint16_t*>(md.data_ptr()) : nullptr,

@@ -31,6 +31,10 @@
 // per k pair) become two byte masks of the transposed layout (vpshufbitqmb, AVX-512 BITALG) that add
 // 0x10 to the nibbles they mark.
 //
+// int6 (Q6_K's values, u = q + 32 in 0..63): the nibbles as int4's, and the high two bits 32 bytes per k
+// step of a panel, laid out so that two 16-bit shifts and two masks put them in bits 4-5 of the
+// transposed bytes (int6_to_panels); 6.5 bits a weight with its scales where int8 took 8.5.
+//
 // Several rows (verification's drafted tokens): a tile of up to 4 rows x 2 panels unpacks each load of
 // weights once for all its rows and broadcasts each row's activations once for both panels, so an
 // extra row costs its vpdpbusd and little else.
@@ -103,7 +107,11 @@ inline void high_masks(const uint8_t* h, __mmask64& even, __mmask64& odd) {
 template <int MR, int NP, int BITS, int A>
 inline void dots(const int8_t* xq, int64_t K, const Weights& W, int64_t k0, __m512i (&I)[MR][NP]) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i sixteen = _mm512_set1_epi8(0x10);
+    const __m512i sixteen = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
+    // int6: byte u of the high bits holds, from bit 0, the even k's crumbs of transposed bytes u and u + 32,
+    // then the odd k's: shifted per 16-bit lane into bits 4-5 of bytes 0-31 and 32-63 (int6_to_panels)
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     // int4/int5 in small tiles: the odd k's sums apart (two dependency chains per output, not one; in
     // the 4 x 2 tile that spills registers)
     constexpr bool SPLIT = BITS != 8 && MR * NP <= 4;
@@ -124,6 +132,12 @@ inline void dots(const int8_t* xq, int64_t K, const Weights& W, int64_t k0, __m5
             } else {
                 lo[p] = _mm512_and_si512(v, low4);
                 hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                if constexpr (BITS == 6) {  // 32 bytes of high two bits, laid out for the transposed bytes
+                    const __m512i c = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(W.h + p * W.hstride + k * 4)));
+                    lo[p] = _mm512_ternarylogic_epi32(_mm512_sllv_epi16(c, shl), bits45, lo[p], 0xEA);  // (a & b) | c
+                    hi[p] = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(c, shr), bits45, hi[p], 0xEA);
+                }
                 if constexpr (BITS == 5) {
                     __mmask64 even, odd;
                     high_masks(W.h + p * W.hstride + k * 2, even, odd);  // 4 words: k pairs k/2 .. k/2 + 3
@@ -212,7 +226,7 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
         for (int64_t g = b * PER; g < (b + 1) * PER; ++g) {
             __m512i I[MR][NP];
             for (int m = 0; m < MR; ++m) {
-                const __m512i z = BITS == 8 ? _mm512_set1_epi32(X.zsum[(m0 + m) * NG + g]) : _mm512_setzero_si512();
+                const __m512i z = BITS != 4 ? _mm512_set1_epi32(X.zsum[(m0 + m) * NG + g]) : _mm512_setzero_si512();
                 for (int p = 0; p < NP; ++p) I[m][p] = z;
             }
             dots<MR, NP, BITS, G>(X.q + m0 * K, K, W, g * G, I);
@@ -346,14 +360,15 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     TORCH_CHECK(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bitalg"),
                 "quant_vnni.matmul: this CPU lacks AVX-512 VNNI/VBMI/BW/BITALG");
-    const Weights W = d3d_quant::checked("quant_vnni.matmul", x, q, h, s, m, N, G, bits, sd, md);
+    const Weights W = d3d_quant::checked("quant_vnni.matmul", x, q, h, s, m, N, G, bits, sd, md, true);
     const int64_t K = x.size(1), P = q.size(0), A = G == 16 ? 16 : 32;
     const int sc = W.two ? 2 : W.half ? 1 : 0;
     TORCH_CHECK(G % A == 0 && K % A == 0, "quant_vnni.matmul: groups of ", G, " over K=", K,
                 " need G = 16 or a multiple of 32 and K a multiple of ", A);
     TORCH_CHECK(!W.two || ((G == 16 || G == 32) && G * W.per_d == SUPER && bits != 5),
-                "quant_vnni.matmul: two-level scales need int8 or int4 groups of 16 or 32 in super-blocks of ",
+                "quant_vnni.matmul: two-level scales need int8, int6 or int4 groups of 16 or 32 in super-blocks of ",
                 SUPER, " inputs, got int", bits, " groups of ", G, " x ", W.per_d);
+    TORCH_CHECK(bits != 6 || W.two, "quant_vnni.matmul: int6 needs two-level scales (it holds Q6_K)");
     auto xc = x.contiguous();
     const int64_t M = xc.size(0), S = W.two ? SUPER : A;
     if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
@@ -361,14 +376,14 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     std::vector<float> sx(M * (K / S)), xs(M * (K / A));
     std::vector<int32_t> sq(M * (K / A));
     std::vector<int16_t> qs(M * (K / A));
-    quantize_rows(xc.data_ptr<float>(), M, K, A, S, bits != 8, bits == 8 ? 128 : bits == 5 ? 16 : 0,
+    quantize_rows(xc.data_ptr<float>(), M, K, A, S, bits != 8, bits == 8 ? 128 : bits == 6 ? 32 : bits == 5 ? 16 : 0,
                   bits == 4 && !W.two, qx.data(), sx.data(), sq.data(), xs.data(), qs.data());
     const Act X{qx.data(), sx.data(), sq.data(), xs.data(), qs.data(), K, A};
     auto y = torch::empty({M, N}, x.options());
     float* yp = y.data_ptr<float>();
 #define D3D_RUN(B, S) \
     if (bits == B && sc == S) run<B, S>(X, M, W, P, N, yp);
-    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(8, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
+    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(8, 2) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
     D3D_RUN(4, 2)
 #undef D3D_RUN
     return y;
