@@ -61,3 +61,30 @@ def test_shared_prefix_leaves_each_prompt_a_token_and_the_cache_checks_rows():
         cache.share_prefix(0, 1, 4)
     with pytest.raises(ValueError, match="needs two rows"):
         cache.share_prefix(0, 0, 2)
+
+
+def test_a_newcomer_rides_in_the_running_rows_pass():
+    """ArDecoder, the admit path of generate, the server and continuous batching: a sequence admitted
+    between steps has its prompt read in the next step's pass, beside the others' tokens (no pass of
+    its own), and answers as it would alone; a decoder with a shared prefix takes only prompts that
+    start with it and go on past it."""
+    from d3d.decode.engines import ArDecoder
+    from d3d.decode.sequence import Sequence
+
+    model, ps = tiny_target(seed=2), prompts(3, seed=2)
+    want = [generate(model, p, max_new_tokens=6, stop_ids=[]).tokens[0] for p in ps]
+    dec = ArDecoder(model, rows=3, max_len=40)
+    seqs = [Sequence(p, 6, id=i) for i, p in enumerate(ps)]
+    dec.admit(seqs[:2])
+    assert dec.room() == 1
+    dec.step()
+    dec.admit(seqs[2:])
+    while dec.step():
+        pass
+    assert [s.output for s in seqs] == want
+    assert dec.stats.target_forwards == 7  # the first step's prefill, 5 more tokens, 1 for the newcomer's last
+    shared = ArDecoder(model, rows=2, max_len=40, prefix=[5, 17])
+    with pytest.raises(ValueError, match="sequence 0's prompt must start with the decoder's 2-token prefix"):
+        shared.admit([Sequence([5, 17], 4)])
+    with pytest.raises(ValueError, match="sequence 1's prompt"):
+        shared.admit([Sequence([5, 18, 3], 4, id=1)])

@@ -1,12 +1,12 @@
 """Continuous batching: greedy answers to many prompts with a fixed number of sequences in flight.
 
-``ArDecoder`` (``generate`` with ar) runs a batch until its longest sequence ends, its finished rows dropping out. When
-answers vary in length that wastes the batch: of the 13,112 answers in
-``data/qwen2.5-coder-answers`` (160-token cap, batches of 64), the rows kept the batch 64% full
-on average. Here a cache row whose sequence ended is refilled with the next prompt at once: the
-new prompt's prefill rides in the same packed pass as the other rows' one-token steps (the packed
-layout allows any mix of per-row lengths; ``d3d.model.cache.make_layout``), so every pass carries
-``slots`` sequences until the queue runs dry. The prompts' common prefix is computed once.
+``generate`` admits its whole batch at once and runs it until its longest sequence ends, its finished
+rows idle. When answers vary in length that wastes the batch: of the 13,112 answers in
+``data/qwen2.5-coder-answers`` (160-token cap, batches of 64), the rows kept the batch 64% full on
+average. Here a row whose sequence ended takes the next prompt at once, through the admit path
+``generate`` and the server use (``ArDecoder.admit``, then ``step``): the newcomer's prompt rides in
+the same packed pass as the other rows' one-token steps, so every pass carries ``slots`` sequences
+until the queue runs dry. The prompts' common prefix is computed once (``ArDecoder``'s ``prefix``).
 
 Refilling and the shared prefix each gain a little over fixed batches (``python -m bench answers``;
 figures in docs/results/continuous/README.md). Little, because a 2-core CPU is compute-bound at 64
@@ -21,14 +21,12 @@ with it, whose K/V come from a pass of another shape; docs/results/continuous/RE
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Iterable
 
-import torch
-
-from .engines import check_limits, normalize_prompts
+from .engines import ArDecoder, check_limits, normalize_prompts
 from .sequence import Sequence
 from ..model.transformer import Transformer
-from .sampling import sample_next
 
 
 def shared_prefix(prompts: list[list[int]]) -> int:
@@ -40,7 +38,6 @@ def shared_prefix(prompts: list[list[int]]) -> int:
     return n
 
 
-@torch.inference_mode()
 def generate_continuous(model: Transformer, prompts: list[list[int]], max_new_tokens: int,
                         stop_ids: Iterable[int] = (), slots: int = 64, share_prefix: bool = True,
                         on_done: Callable[[int, list[int]], None] | None = None) -> list[list[int]]:
@@ -58,42 +55,19 @@ def generate_continuous(model: Transformer, prompts: list[list[int]], max_new_to
         raise ValueError(f"slots={slots}: must be a positive number of sequences in flight")
     prompts = normalize_prompts([list(p) for p in prompts], model.cfg.vocab_size, "prompts")
     check_limits(prompts, max_new_tokens, model.cfg.max_position_embeddings)
-    slots = min(slots, len(prompts))
     stops = set(stop_ids)
     seqs = [Sequence(p, max_new_tokens, stop_ids=stops, id=i) for i, p in enumerate(prompts)]
-    cache = model.new_cache(rows=slots + 1, max_len=max(map(len, prompts)) + max_new_tokens)
-    prefix_row, n_shared = slots, shared_prefix(prompts) if share_prefix else 0
-    if n_shared:
-        model(torch.tensor(prompts[0][:n_shared], device=model.device), cache.layout([n_shared], rows=[prefix_row]),
-              cache, logits_index=torch.tensor([n_shared - 1], device=model.device))
-    queue = iter(seqs)
-    feed: dict[int, tuple[Sequence, list[int]]] = {}  # cache row -> its sequence and the tokens it appends next
-
-    def admit(row: int) -> None:
-        """Give ``row`` the next sequence in the queue (its old K/V replaced by the shared prefix's),
-        or retire it."""
-        seq = next(queue, None)
-        if seq is not None:
-            cache.share_prefix(prefix_row, row, n_shared)
-            seq.row, feed[row] = row, (seq, seq.tokens[n_shared:])
-
-    for row in range(slots):
-        admit(row)
-    while feed:
-        rows = list(feed)
-        layout = cache.layout([len(feed[r][1]) for r in rows], rows=rows)
-        ids = torch.tensor([t for r in rows for t in feed[r][1]], device=model.device)
-        logits = model(ids, layout, cache, logits_index=layout.last_token_index())
-        running, feed = [feed[r][0] for r in rows], {}
-        for seq, t in zip(running, sample_next(logits, 0.0).tolist()):
-            seq.commit([t])
-            if seq.done:
-                if on_done:
-                    on_done(seq.id, seq.output)
-                admit(seq.row)
-            else:
-                feed[seq.row] = (seq, [t])
-    return [s.output for s in seqs]
+    prefix = prompts[0][:shared_prefix(prompts)] if share_prefix else []
+    dec = ArDecoder(model, min(slots, len(prompts)), max(map(len, prompts)) + max_new_tokens, prefix=prefix)
+    waiting = deque(seqs)
+    while True:
+        dec.admit([waiting.popleft() for _ in range(min(dec.room(), len(waiting)))])
+        running = dec.step()
+        if not running:
+            return [s.output for s in seqs]
+        for seq in running:
+            if seq.done and on_done:
+                on_done(seq.id, seq.output)
 
 
 __all__ = ["generate_continuous", "shared_prefix"]

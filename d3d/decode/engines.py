@@ -65,33 +65,65 @@ def check_limits(prompts: list[list[int]], max_new_tokens: int, max_positions: i
 
 class ArDecoder(Decoder):
     """Autoregressive decoding over ``rows`` cache rows that sequences join (``admit``) and leave (done,
-    or ``drop``) between steps: one target forward per step gives every running sequence one token."""
+    or ``drop``) between steps: one target forward per step gives every running sequence one token, and a
+    newcomer its first, its prompt read in the same packed pass as the others' last tokens (the layout
+    takes any mix of per-row lengths: a refilled row costs no pass of its own).
 
-    def __init__(self, model: Transformer, rows: int, max_len: int, stream: StreamFn | None = None):
+    ``prefix``: a prompt prefix every admitted sequence starts with (a chat template's system turn),
+    computed once in a cache row of its own and copied into each newcomer's row (``KVCache.share_prefix``)."""
+
+    def __init__(self, model: Transformer, rows: int, max_len: int, stream: StreamFn | None = None,
+                 prefix: list[int] | None = None):
         super().__init__(model, GenerationStats("ar", rows), stream)
-        self.cache = model.new_cache(rows=rows, max_len=max_len)
+        self.prefix, self.prefix_row = list(prefix or []), rows
+        self.cache = model.new_cache(rows=rows + bool(self.prefix), max_len=max_len)
+        if self.prefix:
+            self.timed_pass([self.prefix], [self.prefix_row], prefill=True)
+
+    def room(self) -> int:
+        """How many sequences ``admit`` takes now: the free rows."""
+        return sum(s is None or s.done for s in self.slots)
 
     @torch.inference_mode()
     def admit(self, seqs: list[Sequence]) -> None:
-        """Start each of ``seqs`` in a free row: one prefill pass for all, their first token."""
+        """Place each of ``seqs`` in a free row, emptied or given the shared prefix; the next ``step``
+        reads the rest of its prompt and gives it its first token."""
+        n = len(self.prefix)
+        for seq in seqs:
+            if n and (seq.tokens[:n] != self.prefix or seq.num_prompt <= n):
+                raise ValueError(f"admit: sequence {seq.id}'s prompt must start with the decoder's {n}-token "
+                                 f"prefix and go on past it")
         self.place(seqs)
-        for seq, t in zip(seqs, self.prefill(self.cache, seqs)[0]):
-            self.emit(seq, [t])
+        for seq in seqs:
+            if n:
+                self.cache.share_prefix(self.prefix_row, seq.row, n)
+            else:
+                self.cache.crop(seq.row, 0)
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
-        """One token for every running sequence; returns them (none: nothing to decode)."""
+        """One token for every running sequence, the first for those admitted since the last step;
+        returns them (none: nothing to decode). A pass of newcomers alone counts as prefill."""
         seqs = self.schedule()
         if seqs:
-            for seq, t in zip(seqs, self.pick(seqs, self.forward(seqs))):
+            feeds = [s.tokens[self.cache.lengths[s.row]:] for s in seqs]  # what each row does not hold yet
+            logits = self.timed_pass(feeds, [s.row for s in seqs], prefill=all(s.num_output == 0 for s in seqs))
+            for seq, t in zip(seqs, self.pick(seqs, logits)):
                 self.emit(seq, [t])
         return seqs
 
-    def forward(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One target pass over each sequence's last token: the logits of its next."""
+    @torch.inference_mode()
+    def timed_pass(self, feeds: list[list[int]], rows: list[int], prefill: bool) -> torch.Tensor:
+        """One target pass appending ``feeds[i]`` to cache row ``rows[i]``: the logits of each feed's last
+        token. Counted as a target forward; its time is prefill's where ``prefill``."""
+        layout = self.cache.layout([len(f) for f in feeds], rows=rows)
+        ids = torch.tensor([t for f in feeds for t in f], device=self.target.device)
+        last = None if len(ids) == len(feeds) else layout.last_token_index()  # one token a row: every logit
+        logits, (t0, t1) = self.clock.timed(lambda: self.target(ids, layout, self.cache, logits_index=last))
         self.stats.target_forwards += 1
-        return self.target(torch.tensor([s.tokens[-1] for s in seqs], device=self.target.device),
-                           self.cache.layout([1] * len(seqs), rows=[s.row for s in seqs]), self.cache)
+        if prefill:
+            self.stats.prefill_seconds += t1 - t0
+        return logits
 
 
 def sequences(prompts: list[list[int]], max_new_tokens: int, sampling: Sampling, stop_ids: set[int],

@@ -9,7 +9,7 @@ top_p, seed: its own ``Sampling``), so a greedy request never waits behind sampl
 round the groups; for each it
 
     1 drops the rows whose client went away (streamed or not), then admits waiting requests into its
-      free rows (one prefill pass for all of them),
+      free rows (speculative: one prefill pass for all of them; ar: read in the step's own pass),
     2 runs one round (speculative) or step (ar) over every row in flight,
     3 hands each request the tokens its sequence committed (a text delta, and with the ``d3d``
       extension what the round did), and frees the rows of requests that ended: length, stop token,
