@@ -467,35 +467,43 @@ def random_factored(n, k, group, g, signed):
 
 @needs_vnni
 @pytest.mark.parametrize("bits,group,M,N,K", [(4, 32, 1, 17, 256), (4, 32, 5, 40, 512), (4, 32, 9, 33, 768),
-                                             (8, 16, 1, 17, 256), (8, 16, 3, 70, 512), (8, 16, 13, 16, 1536)])
+                                             (6, 16, 1, 17, 256), (6, 16, 3, 70, 512), (6, 16, 13, 16, 1536)])
 def test_factored_scales_equal_their_loop_oracle_and_stay_close(bits, group, M, N, K):
-    """Two-level scales (fp16 super-block factor x int8 group factor): activations quantized per
-    super-block of 256, group factors applied in integers; bit for bit the loop oracle, every row as
-    alone, within ~1% of the fp32-activation product; the same scales as fp32 values take the per-group
-    path and give nearly the same numbers."""
+    """Two-level scales (fp16 super-block factor x int8 group factor; int4 as Q4_K, int6 as Q6_K):
+    activations quantized per super-block with up to 3 more bits for quiet groups, group factors applied
+    in integers; bit for bit the loop oracle, every row as alone, within ~1% of the fp32-activation
+    product and of the per-group path on the same scales as fp32 values."""
     from d3d.kernels.naive import quant_vnni_reference
 
     g = torch.Generator().manual_seed(M * 1000 + N + K + bits)
     x = torch.randn(M, K, generator=g)
-    x[0, :K // 2] *= 40  # one super-block of large activations beside small ones
-    q = random_format(bits, N, K, group, g)[0]
-    s = random_factored(N, K, group, g, signed=bits == 8)
+    x[0, :K // 2] *= 40  # large activations beside small ones: quiet groups take finer scales
+    if M > 1:
+        x[-1, 5] = 30.0  # an outlier: the rest of its super-block quantized with finer group scales
+    if bits == 4:
+        q = random_format(4, N, K, group, g)[0]
+        weights = (kernel.to_panels(q), None)
+    else:
+        q = torch.randint(-32, 32, (N, K), dtype=torch.int8, generator=g)
+        weights = kernel.int6_to_panels(q)
+    s = random_factored(N, K, group, g, signed=bits == 6)
     m = random_factored(N, K, group, g, signed=False) if bits == 4 else None
     P = kernel.to_panels
-    two_args = (P(q), P(s.f), None if m is None else P(m.f), N, bits, None, P(s.d.half()),
+    two_args = (weights[0], P(s.f), None if m is None else P(m.f), N, bits, weights[1], P(s.d.half()),
                 None if m is None else P(m.d.half()))
     two = kernel.matmul_vnni(x, *two_args)
-    assert torch.equal(two, quant_vnni_reference(x, q, s.f, None if m is None else m.f, bits, None, s.d,
+    b8 = 4 if bits == 4 else 8  # the oracle reads int6 as the int8 values it holds
+    assert torch.equal(two, quant_vnni_reference(x, q, s.f, None if m is None else m.f, b8, None, s.d,
                                                  None if m is None else m.d))
     for i in range(M):
         assert torch.equal(kernel.matmul_vnni(x[i:i + 1], *two_args), two[i:i + 1]), i
     sv, mv = s.expand(), None if m is None else m.expand()
-    exact = x @ kernel.dequantize(q, sv, mv, bits).T
+    exact = x @ kernel.dequantize(q, sv, mv, b8).T
     assert (two - exact).abs().max() <= 0.02 * exact.abs().max()
-    per_group = kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, bits)
+    per_group = kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, b8)
     assert (two - per_group).abs().max() <= 0.02 * exact.abs().max()
     with pytest.raises(ValueError, match="int8 exactly when they are two-level"):
-        kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, bits, None, P(s.d.half()))
+        kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, b8, None, P(s.d.half()))
 
 
 @needs_vnni
@@ -564,25 +572,18 @@ def test_int6_panels_round_trip(n, k):
 
 
 @needs_vnni
-@pytest.mark.parametrize("M,N,K", [(1, 17, 256), (3, 70, 512), (8, 33, 768), (13, 16, 1536)])
-def test_int6_equals_the_int8_it_holds(M, N, K):
-    """int6 panels (Q6_K's values) give bit for bit what the same values as int8 panels give, which
-    is the two-level loop oracle; every row as alone."""
-    from d3d.kernels.naive import quant_vnni_reference
-
-    g = torch.Generator().manual_seed(M * 7 + N + K)
-    x = torch.randn(M, K, generator=g)
-    q = torch.randint(-32, 32, (N, K), dtype=torch.int8, generator=g)
-    s = random_factored(N, K, 16, g, signed=True)
+def test_two_level_scales_take_int6_or_int4_only():
+    """The kernel's integer sums of two-level scales are bounded for 6-bit weights (and 4-bit): int8
+    with two-level scales is refused (``QuantWeight`` keeps such int8 with fp32 scales)."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randint(-128, 128, (16, 256), dtype=torch.int8, generator=g)
+    s = random_factored(16, 256, 16, g, signed=True)
     P = kernel.to_panels
-    six = kernel.matmul_vnni(x, *kernel.int6_to_panels(q)[:1], P(s.f), None, N, 6, kernel.int6_to_panels(q)[1],
-                             P(s.d.half()))
-    eight = kernel.matmul_vnni(x, P(q), P(s.f), None, N, 8, None, P(s.d.half()))
-    assert torch.equal(six, eight)
-    assert torch.equal(six, quant_vnni_reference(x, q, s.f, None, 8, None, s.d))
-    for i in range(M):
-        assert torch.equal(kernel.matmul_vnni(x[i:i + 1], kernel.int6_to_panels(q)[0], P(s.f), None, N, 6,
-                                              kernel.int6_to_panels(q)[1], P(s.d.half())), six[i:i + 1]), i
+    with pytest.raises(RuntimeError, match="two-level scales need int6 or int4"):
+        kernel.matmul_vnni(torch.randn(2, 256, generator=g), P(q), P(s.f), None, 16, 8, None, P(s.d.half()))
+    from d3d.cpu.quant import QuantWeight
+    wide = QuantWeight(q, s)
+    assert wide.format == "int8" and wide.scale_d is None
 
 
 def test_q6_k_is_held_in_six_bits_where_the_vnni_kernel_multiplies():

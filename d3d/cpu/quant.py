@@ -102,8 +102,10 @@ class QuantWeight:
         self.scale_d = self.min_d = None  # two-level: the fp16 factors of Factored scales and mins
         held = self.int8_activations and two_level(scale, min, bits, self.group)
         # int8 values in [-32, 31] with two-level scales (Q6_K's) are held in 6 bits where the VNNI kernel
-        # multiplies: a quarter fewer bytes to stream (the LM head of the Qwen2.5 GGUFs among them)
+        # multiplies: a quarter fewer bytes to stream (the LM head of the Qwen2.5 GGUFs among them); other
+        # int8 keeps fp32 scales (the kernel's integer sums of two-level scales are bounded for 6 bits)
         self.six = held and bits == 8 and int(q.min()) >= -32 and int(q.max()) <= 31 and k % 8 == 0
+        held = held and (bits == 4 or self.six)
         if self.six:
             self.q, self.high = kernel.int6_to_panels(q)
         else:
@@ -231,9 +233,10 @@ def int8_activations(k: int, group: int) -> bool:
 
 
 def two_level(scale, min, bits: int, group: int) -> bool:
-    """Whether the VNNI kernel takes these scales as two factors (``quant_vnni.cpp``: activations
-    quantized per super-block, group factors applied in integers): int8 or int4 groups of 16 or 32 in
-    super-blocks of 256 inputs, as llama.cpp's K-quants hold them; otherwise their fp32 values."""
+    """Whether the VNNI kernel may take these scales as two factors (``quant_vnni.cpp``: activations
+    quantized per super-block, group factors applied in integers): int8 (held as int6 where its values
+    fit) or int4 groups of 16 or 32 in super-blocks of 256 inputs, as llama.cpp's K-quants hold them;
+    otherwise their fp32 values."""
     return (isinstance(scale, Factored) and (min is None or isinstance(min, Factored)) and bits in (4, 8)
             and group in (16, 32) and group * (scale.f.shape[1] // scale.d.shape[1]) == 256)
 

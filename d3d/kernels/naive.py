@@ -161,10 +161,11 @@ def quant_vnni_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: t
 
 def quant_vnni_two_level_reference(x: torch.Tensor, q: torch.Tensor, f: torch.Tensor, mf: torch.Tensor | None,
                                    d: torch.Tensor, dm: torch.Tensor | None, bits: int) -> torch.Tensor:
-    """``matmul_vnni`` on K-quant scales, by loops: per row and super-block b of 256 inputs one sx =
-    max|x| / 127, qx = round(x / sx); per group g, I_g = sum q qx and B_g = sum qx (integers);
-    T = sum_g f[n, g] I_g, M = sum_g mf[n, g] B_g exactly; acc = fp32(acc + fp32(T) fl(d[n, b] sx)),
-    int4 then acc = fp32(acc - fp32(M) fl(dm[n, b] sx))."""
+    """``matmul_vnni`` on K-quant scales (int6 held as int8 values ``q``, or int4), by loops: per row and
+    super-block b of 256 inputs sx = max|x| / 127; per group g, the largest e <= 3 with max_g |x| 2^e <=
+    max|x|, qx = round(x / (sx / 2^e)), I_g = sum q qx and B_g = sum qx (integers); T = sum_g (f[n, g] I_g)
+    << (3 - e), M = sum_g mf[n, g] (B_g << (3 - e)) exactly; acc = fp32(acc + fp32(T) fl(d[n, b] sx / 8)),
+    int4 then acc = fp32(acc - fp32(M) fl(dm[n, b] sx / 8))."""
     from .quant import dequantize
 
     N, K = q.shape[0], x.shape[1]
@@ -175,16 +176,21 @@ def quant_vnni_two_level_reference(x: torch.Tensor, q: torch.Tensor, f: torch.Te
         acc = torch.zeros(N, dtype=torch.float32)
         for b in range(K // S):
             xb = x[r, b * S:(b + 1) * S]
-            sx = (xb.abs().max() / 127).float()
-            qx = (torch.round(xb / sx) if sx > 0 else torch.zeros_like(xb)).long()
+            top = xb.abs().max()
+            sx = (top / 127).float()
             T, M = torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.long)
             for i in range(S // G):
-                g, sl = b * S // G + i, slice(i * G, (i + 1) * G)
-                T += f[:, g].long() * (qi[:, b * S + i * G:b * S + (i + 1) * G] * qx[sl]).sum(1)
+                g, xg = b * S // G + i, xb[i * G:(i + 1) * G]
+                e = 0
+                while e < 3 and xg.abs().max() * float(2 << e) <= top:
+                    e += 1
+                qx = (torch.round(xg / (sx / float(1 << e))) if sx > 0 else torch.zeros_like(xg)).long()
+                T += (f[:, g].long() * (qi[:, b * S + i * G:b * S + (i + 1) * G] * qx).sum(1)) << (3 - e)
                 if mf is not None:
-                    M += mf[:, g].long() * qx[sl].sum()
-            acc = (acc.double() + T.float().double() * (d[:, b].float() * sx).float().double()).float()
+                    M += mf[:, g].long() * (qx.sum() << (3 - e))
+            s8 = sx * 0.125
+            acc = (acc.double() + T.float().double() * (d[:, b].float() * s8).float().double()).float()
             if mf is not None:
-                acc = (acc.double() - M.float().double() * (dm[:, b].float() * sx).float().double()).float()
+                acc = (acc.double() - M.float().double() * (dm[:, b].float() * s8).float().double()).float()
         out[r] = acc
     return out

@@ -16,11 +16,15 @@
 //
 // Two-level scales (llama.cpp's K-quants: an fp16 d per super-block of 256 inputs and an int8 factor f
 // per group; int4's mins likewise dm and mf) are held as they come, and the activations of such a matrix
-// are quantized per super-block instead (one sx per row and 256 inputs, as llama.cpp's Q8_K), so the
-// group factors apply in integers and a super-block costs one fp32 fma per row and output:
-//   T = sum_{g in b} f[n, g] I_g,  B_g = sum_{k in g} qx[m, k],  M = sum_{g in b} mf[n, g] B_g  (exact int32)
-//   acc = fma(float(T), fl(d[n, b] sx[m, b]), acc);  int4: acc = fma(-float(M), fl(dm[n, b] sx[m, b]), acc)
-// (|T| < 2^31 for 256 inputs of int8 factors and weights; float(T) rounds to nearest, as the oracle).
+// are quantized per super-block instead, so that the group factors apply in integers and a super-block
+// costs one fp32 fma per row and output: sx = max|x| / 127 over the super-block (as llama.cpp's Q8_K),
+// and each group g of it with sx / 2^e_g, e_g <= 3 the largest with max_g |x| 2^e_g <= 127 sx (a quiet
+// group keeps up to 3 more bits; a super-block's scale alone cost 7x the bits/byte of per-group scales,
+// docs/results.md#fewer-bytes-and-fewer-instructions-for-k-quants-issue-47-docsresultsreal-models):
+//   T = sum_{g in b} (f[n, g] I_g) << (3 - e_g),  M = sum_{g in b} mf[n, g] (B_g << (3 - e_g))   (exact int32)
+//   acc = fma(float(T), fl(d[n, b] fl(sx / 8)), acc);  int4: acc = fma(-float(M), fl(dm[n, b] fl(sx / 8)), acc)
+// with B_g = sum_{k in g} qx[m, k] (|T| < 2^31 for 256 inputs of int6 or int4 weights and int8 factors; float(T) rounds to
+// nearest, as the oracle does).
 // Loop oracle: naive.quant_vnni_reference.
 //
 // Layouts: the panels of quant_gemm.cpp. A 64-byte load holds 4 steps (int8: k .. k + 3) or 4 k
@@ -64,7 +68,8 @@ struct Act {  // the quantized activations of all rows
     const float* scale;   // [M, K / A]; two-level: [M, K / 256]
     const int32_t* zsum;  // [M, K / A]: -z sum of qx (the weights' offset z times the row's sum)
     const float* xsum;    // [M, K / A]: fp32 sum of x (int4's mins)
-    const int16_t* qsum;  // two-level: [M, K / A], sum of qx per group (int4's mins, in pairs)
+    const int16_t* qsum;  // two-level: [M, K / A], sum of qx per group << shift (int4's mins, in pairs)
+    const int32_t* shift; // two-level: [M, K / A], 3 - e of each group (see the top)
     int64_t K, A;
 };
 
@@ -235,7 +240,9 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
                 const __m512i fg = _mm512_cvtepi8_epi32(
                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + p * W.sstride + g * NR)));
 #pragma GCC unroll 8
-                for (int m = 0; m < MR; ++m) T[m][p] = _mm512_add_epi32(T[m][p], _mm512_mullo_epi32(I[m][p], fg));
+                for (int m = 0; m < MR; ++m)
+                    T[m][p] = _mm512_add_epi32(T[m][p], _mm512_sll_epi32(_mm512_mullo_epi32(I[m][p], fg),
+                                                                         _mm_cvtsi32_si128(X.shift[(m0 + m) * NG + g])));
             }
         }
         for (int p = 0; p < NP; ++p) {
@@ -312,24 +319,30 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
 }
 
 // The activations of every row, quantized per span of S inputs (A, or SUPER for two-level scales): qx (in
-// the format's k order) and sx per span; per group of A: -z sum qx, sum qx and, where int4's mins need
-// it (``xsums``), sum x (fp32, added in k order). 16 inputs at a time: division and rounding to nearest
-// as the scalar oracle does them, so the same integers.
+// the format's k order) and the span's scale; per group of A: -z sum qx, sum qx and, where int4's mins need
+// it (``xsums``), sum x (fp32, added in k order). Two-level: each group of a super-block is quantized
+// with sx / 2^e (see the top), its sums shifted by 3 - e, and the scale stored is sx / 8. 16 inputs at a
+// time: division and rounding to nearest as the loop oracle does them, so the same integers.
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, bool nibble_order, int32_t z,
-                   bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum) {
+                   bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum, int32_t* shift) {
     // int4/int5 lanes hold k, k+2, k+4, k+6 then k+1, k+3, k+5, k+7 of each 8
     const __m512i order = nibble_order ? _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15)
                                        : _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const auto amax = [](const float* p, int64_t n) {
+        __m512 top = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(p + i)));
+        return _mm512_reduce_max_ps(top);
+    };
     for (int64_t m = 0; m < M; ++m)
         for (int64_t b = 0; b < K / S; ++b) {
-            const float* xb = x + m * K + b * S;
-            __m512 top = _mm512_setzero_ps();
-            for (int64_t i = 0; i < S; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
-            const float sx = _mm512_reduce_max_ps(top) / 127.f;
-            const __m512 vsx = _mm512_set1_ps(sx);
-            scale[m * (K / S) + b] = sx;
+            const float top = amax(x + m * K + b * S, S), sx = top / 127.f;
+            scale[m * (K / S) + b] = S > A ? sx * 0.125f : sx;
             for (int64_t a = b * (S / A); a < (b + 1) * (S / A); ++a) {
                 const float* xa = x + m * K + a * A;
+                int e = 0;  // two-level: the group's scale sx / 2^e, e <= 3 the largest with its max * 2^e <= top
+                if (S > A)
+                    for (const float g = amax(xa, A); e < 3 && g * static_cast<float>(2 << e) <= top;) ++e;
+                const __m512 vsx = _mm512_set1_ps(sx / static_cast<float>(1 << e));
                 __m512i sum = _mm512_setzero_si512();
                 for (int64_t i = 0; i < A; i += 16) {
                     const __m512 v = _mm512_permutexvar_ps(order, _mm512_loadu_ps(xa + i));
@@ -339,7 +352,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, b
                 }
                 const int32_t total = _mm512_reduce_add_epi32(sum);
                 zsum[m * (K / A) + a] = -z * total;
-                qsum[m * (K / A) + a] = static_cast<int16_t>(total);  // |total| <= 32 * 127
+                qsum[m * (K / A) + a] = static_cast<int16_t>(total * (1 << (3 - e)));  // |.| <= 32 * 127 * 8
+                shift[m * (K / A) + a] = 3 - e;
                 if (xsums) {
                     float t = 0.f;
                     for (int64_t i = 0; i < A; ++i) t += xa[i];
@@ -365,25 +379,25 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     const int sc = W.two ? 2 : W.half ? 1 : 0;
     TORCH_CHECK(G % A == 0 && K % A == 0, "quant_vnni.matmul: groups of ", G, " over K=", K,
                 " need G = 16 or a multiple of 32 and K a multiple of ", A);
-    TORCH_CHECK(!W.two || ((G == 16 || G == 32) && G * W.per_d == SUPER && bits != 5),
-                "quant_vnni.matmul: two-level scales need int8, int6 or int4 groups of 16 or 32 in super-blocks of ",
-                SUPER, " inputs, got int", bits, " groups of ", G, " x ", W.per_d);
+    TORCH_CHECK(!W.two || ((G == 16 || G == 32) && G * W.per_d == SUPER && (bits == 4 || bits == 6)),
+                "quant_vnni.matmul: two-level scales need int6 or int4 groups of 16 or 32 in super-blocks of ",
+                SUPER, " inputs (Q6_K, Q4_K), got int", bits, " groups of ", G, " x ", W.per_d);
     TORCH_CHECK(bits != 6 || W.two, "quant_vnni.matmul: int6 needs two-level scales (it holds Q6_K)");
     auto xc = x.contiguous();
     const int64_t M = xc.size(0), S = W.two ? SUPER : A;
     if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
     std::vector<int8_t> qx(M * K);
     std::vector<float> sx(M * (K / S)), xs(M * (K / A));
-    std::vector<int32_t> sq(M * (K / A));
+    std::vector<int32_t> sq(M * (K / A)), sh(M * (K / A));
     std::vector<int16_t> qs(M * (K / A));
     quantize_rows(xc.data_ptr<float>(), M, K, A, S, bits != 8, bits == 8 ? 128 : bits == 6 ? 32 : bits == 5 ? 16 : 0,
-                  bits == 4 && !W.two, qx.data(), sx.data(), sq.data(), xs.data(), qs.data());
-    const Act X{qx.data(), sx.data(), sq.data(), xs.data(), qs.data(), K, A};
+                  bits == 4 && !W.two, qx.data(), sx.data(), sq.data(), xs.data(), qs.data(), sh.data());
+    const Act X{qx.data(), sx.data(), sq.data(), xs.data(), qs.data(), sh.data(), K, A};
     auto y = torch::empty({M, N}, x.options());
     float* yp = y.data_ptr<float>();
 #define D3D_RUN(B, S) \
     if (bits == B && sc == S) run<B, S>(X, M, W, P, N, yp);
-    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(8, 2) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
+    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
     D3D_RUN(4, 2)
 #undef D3D_RUN
     return y;
