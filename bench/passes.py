@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
+from d3d.assets import BUNDLED_TARGET, bundled
+from d3d.draft.pick import pick_drafter
 from d3d.cpu.precision import auto_dtype, resolve_dtype
 from d3d.doctor import read_bandwidth_gbs
 
@@ -78,7 +79,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--preset", help="time a random-weight model of this d3d.model.config preset instead of --target "
                                      "(e.g. qwen3-1.7b on a GPU; implies --drafter none)")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    ap.add_argument("--drafter", help="D3D drafter directory (default: the bundled drafter; 'none' to skip)")
+    ap.add_argument("--drafter", help="D3D drafter directory (default: the bundled drafter that fits the target; "
+                                      "'none' to skip)")
     ap.add_argument("--T", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="new tokens per pass")
     ap.add_argument("--context", type=int, default=64, help="tokens already cached (default 64)")
     ap.add_argument("--repeats", type=int, default=30, help="timed runs per (model, dtype, T) (default 30)")
@@ -99,8 +101,7 @@ def main(argv=None) -> dict:
     dtypes = args.dtypes or list(dict.fromkeys([policy.dtype, "float32"]))
     print(f"dtype policy: {policy.dtype} ({policy.reason})", file=sys.stderr)
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
-    drafter_dir = None if args.drafter == "none" or args.preset else \
-        Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
+    drafter_dir = None if args.drafter == "none" or args.preset else Path(args.drafter) if args.drafter else None
 
     runners, models = {}, {}
     before = os.environ.get("D3D_CPU_MATMUL")
@@ -118,10 +119,17 @@ def main(argv=None) -> dict:
             todo = {"target": target}
             models["target"] = {"dir": f"random {args.preset}" if args.preset else str(target_dir),
                                 "parameters": target.cfg.num_parameters()}
+            drafter = None
             if drafter_dir is not None:
                 drafter = d3d.load_drafter(drafter_dir, target=target)
+            elif args.drafter is None and not args.preset:  # the bundled D3D drafter that fits the target
+                _, drafter, note = pick_drafter(target, None)
+                if note:
+                    print(f"bench passes: {note}; no drafter timed", file=sys.stderr)
+            if drafter is not None:
                 todo["drafter"] = drafter.model
-                models["drafter"] = {"dir": str(drafter_dir), "parameters": drafter.num_parameters(include_shared=True)}
+                models["drafter"] = {"dir": str(drafter_dir or drafter.model.source or "bundled"),
+                                     "parameters": drafter.num_parameters(include_shared=True)}
             for name, model in todo.items():
                 models[name]["streamed_bytes"] = streamed_bytes(model)
                 for T in args.T:
