@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
     dtypes = args.dtypes or list(dict.fromkeys([policy.dtype, "float32"]))
     print(f"dtype policy: {policy.dtype} ({policy.reason})", file=sys.stderr)
     target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
-    drafter_dir = None if args.drafter == "none" or args.preset else Path(args.drafter) if args.drafter else None
+    drafter_dir = Path(args.drafter) if args.drafter not in (None, "none") and not args.preset else None
 
     runners, models = {}, {}
     before = os.environ.get("D3D_CPU_MATMUL")

@@ -520,8 +520,9 @@ def test_factored_scales_outside_super_blocks_of_256_are_refused():
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 def test_k_quant_scales_stay_factored_through_join_files_and_rows(kind):
     """A K-quant matrix keeps its two-factor scales (fewer bytes) where the VNNI kernel multiplies, and
-    gives what its loop oracle gives on them (near what its fp32 scales give); joined with a like matrix it stays factored, with an unlike one
-    (Q4_K beside Q6_K) each block keeps its own; the checkpoint tensors round-trip them."""
+    gives what its loop oracle gives on them (near what its fp32 scales give); joined with a like matrix
+    it stays factored, with an unlike one (Q4_K beside Q6_K) each block keeps its own; the checkpoint
+    tensors round-trip them."""
     from d3d.cpu.quant import Factored, QuantWeight, Stacked, join
     from d3d.model.checkpoint import _quant_parts, quant_tensors
     from d3d.model.gguf import block_parts
@@ -593,7 +594,8 @@ def test_q6_k_is_held_in_six_bits_where_the_vnni_kernel_multiplies():
     rng = np.random.default_rng(5)
     parts = block_parts(random_blocks("Q6_K", 40, 512, rng), "Q6_K", (40, 512))
     w = QuantWeight(*parts)
-    assert torch.equal(w.parts()[0], parts[0]) and torch.equal(w.dequantize(), QuantWeight(*w.rowmajor()).dequantize())
+    assert torch.equal(w.parts()[0], parts[0])
+    assert torch.equal(w.dequantize(), QuantWeight(*w.rowmajor()).dequantize())
     rows = torch.tensor([39, 3])
     assert torch.equal(w.select(rows).dequantize(), w.dequantize()[rows])
     if w.int8_activations:

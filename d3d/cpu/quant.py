@@ -100,12 +100,12 @@ class QuantWeight:
             if isinstance(t, Factored):
                 t.check(n, what)
         self.scale_d = self.min_d = None  # two-level: the fp16 factors of Factored scales and mins
-        held = self.int8_activations and two_level(scale, min, bits, self.group)
+        factored = self.int8_activations and two_level(scale, min, self.group)
         # int8 values in [-32, 31] with two-level scales (Q6_K's) are held in 6 bits where the VNNI kernel
         # multiplies: a quarter fewer bytes to stream (the LM head of the Qwen2.5 GGUFs among them); other
         # int8 keeps fp32 scales (the kernel's integer sums of two-level scales are bounded for 6 bits)
-        self.six = held and bits == 8 and int(q.min()) >= -32 and int(q.max()) <= 31 and k % 8 == 0
-        held = held and (bits == 4 or self.six)
+        self.six = factored and bits == 8 and k % 8 == 0 and fits_six(q)
+        held = factored and (bits == 4 or self.six)
         if self.six:
             self.q, self.high = kernel.int6_to_panels(q)
         else:
@@ -217,7 +217,7 @@ class Stacked:
 
 def int8_activations(k: int, group: int) -> bool:
     """Whether a matrix multiplies int8-quantized activations (``kernels.quant.matmul_vnni``: per row
-    and group of 32, integer dot products) instead of fp32 ones (``kernels.quant.matmul``: bit-equal
+    and group of 32, or super-block of 256 for K-quants; integer dot products) instead of fp32 ones (``kernels.quant.matmul``: bit-equal
     to the fp32 model). ``D3D_QUANT_ACTIVATIONS`` = ``fp32``, ``int8`` or ``auto`` (the default):
     int8 where the CPU has AVX-512 VNNI, VBMI and BITALG. Chosen on the real model: shorter decoding
     steps and faster validation requests with the defaults (which then verify with ``exact``
@@ -232,13 +232,19 @@ def int8_activations(k: int, group: int) -> bool:
     return kernel.vnni_available()
 
 
-def two_level(scale, min, bits: int, group: int) -> bool:
+def two_level(scale, min, group: int) -> bool:
     """Whether the VNNI kernel may take these scales as two factors (``quant_vnni.cpp``: activations
-    quantized per super-block, group factors applied in integers): int8 (held as int6 where its values
-    fit) or int4 groups of 16 or 32 in super-blocks of 256 inputs, as llama.cpp's K-quants hold them;
-    otherwise their fp32 values."""
-    return (isinstance(scale, Factored) and (min is None or isinstance(min, Factored)) and bits in (4, 8)
-            and group in (16, 32) and group * (scale.f.shape[1] // scale.d.shape[1]) == 256)
+    quantized per super-block, group factors applied in integers): groups of 16 or 32 in super-blocks of
+    256 inputs, as llama.cpp's K-quants hold them, for int4 or int6 weights (``QuantWeight``); otherwise
+    their fp32 values."""
+    return (isinstance(scale, Factored) and (min is None or isinstance(min, Factored)) and group in (16, 32)
+            and group * (scale.f.shape[1] // scale.d.shape[1]) == 256)
+
+
+def fits_six(q: torch.Tensor) -> bool:
+    """Whether int8 values all lie in [-32, 31] (Q6_K's), so that int6 holds them exactly."""
+    lo, hi = torch.aminmax(q)
+    return int(lo) >= -32 and int(hi) <= 31
 
 
 def int5_kept() -> bool:

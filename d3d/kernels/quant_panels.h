@@ -106,12 +106,6 @@ inline __m512 load16(const void* p, int64_t i) {
         return _mm512_loadu_ps(static_cast<const float*>(p) + i);
 }
 
-// Two-level scales: 16 int8 factors of a panel as fp32; times the fp16 factor of their super-block
-// (load16<true>) they give fl(d * f), exact in fp32 (11 bits times at most 8).
-inline __m512 load16_i8(const void* f, int64_t i) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(f) + i));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-}
 #pragma GCC pop_options
 
 }  // namespace d3d_quant

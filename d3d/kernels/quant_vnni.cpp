@@ -23,8 +23,8 @@
 // docs/results.md#fewer-bytes-and-fewer-instructions-for-k-quants-issue-47-docsresultsreal-models):
 //   T = sum_{g in b} (f[n, g] I_g) << (3 - e_g),  M = sum_{g in b} mf[n, g] (B_g << (3 - e_g))   (exact int32)
 //   acc = fma(float(T), fl(d[n, b] fl(sx / 8)), acc);  int4: acc = fma(-float(M), fl(dm[n, b] fl(sx / 8)), acc)
-// with B_g = sum_{k in g} qx[m, k] (|T| < 2^31 for 256 inputs of int6 or int4 weights and int8 factors; float(T) rounds to
-// nearest, as the oracle does).
+// with B_g = sum_{k in g} qx[m, k] (|T| < 2^31 for 256 inputs of int6 or int4 weights and int8 factors;
+// float(T) rounds to nearest, as the oracle does).
 // Loop oracle: naive.quant_vnni_reference.
 //
 // Layouts: the panels of quant_gemm.cpp. A 64-byte load holds 4 steps (int8: k .. k + 3) or 4 k
@@ -57,7 +57,6 @@ namespace {
 using d3d_quant::GROUP;
 using d3d_quant::NR;
 using d3d_quant::load16;
-using d3d_quant::load16_i8;
 using d3d_quant::Weights;
 
 #pragma GCC push_options
@@ -240,9 +239,10 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
                 const __m512i fg = _mm512_cvtepi8_epi32(
                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + p * W.sstride + g * NR)));
 #pragma GCC unroll 8
-                for (int m = 0; m < MR; ++m)
-                    T[m][p] = _mm512_add_epi32(T[m][p], _mm512_sll_epi32(_mm512_mullo_epi32(I[m][p], fg),
-                                                                         _mm_cvtsi32_si128(X.shift[(m0 + m) * NG + g])));
+                for (int m = 0; m < MR; ++m) {
+                    const __m128i shift = _mm_cvtsi32_si128(X.shift[(m0 + m) * NG + g]);
+                    T[m][p] = _mm512_add_epi32(T[m][p], _mm512_sll_epi32(_mm512_mullo_epi32(I[m][p], fg), shift));
+                }
             }
         }
         for (int p = 0; p < NP; ++p) {
@@ -280,10 +280,12 @@ constexpr int64_t MR_MAX = 4;
 template <int BITS, int SC, int A>
 void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0,
              int64_t a1, const int64_t* cols) {
-#define D3D_TILE(R, P)                                                                                        \
-    if (mr == R && np == P) {                                                                                 \
-        if constexpr (SC == 2) return tile_sb<R, P, BITS, A>(X, m0, W, y, ldy, a0 * A / SUPER, a1 * A / SUPER, cols); \
-        else return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);                                  \
+#define D3D_TILE(R, P)                                                                           \
+    if (mr == R && np == P) {                                                                    \
+        if constexpr (SC == 2)                                                                   \
+            return tile_sb<R, P, BITS, A>(X, m0, W, y, ldy, a0 * A / SUPER, a1 * A / SUPER, cols); \
+        else                                                                                     \
+            return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);                      \
     }
     D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1)
 #undef D3D_TILE

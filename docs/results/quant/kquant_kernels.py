@@ -1,7 +1,8 @@
 """Per-matrix cost of the VNNI kernel on K-quant matrices (two-level scales), the shapes of
 Qwen2.5-Coder-1.5B: Q4_K as int4, and Q6_K held as int6 beside the same values as int8 with fp32
-group scales (what d3d held before: what 6 bits and two-level scales save). Random blocks; enough copies of each matrix are streamed that the weights come
-from memory, as in decoding; 2 threads; median of 7 sweeps, ms per matrix.
+group scales (what d3d held before: what 6 bits and two-level scales save). Random blocks; enough
+copies of each matrix are streamed that the weights come from memory, as in decoding; 2 threads;
+median of 7 sweeps, ms per matrix.
 
     python docs/results/quant/kquant_kernels.py > docs/results/quant/kquant_kernels.txt
 """
@@ -28,21 +29,20 @@ SHAPES = [("gate_up", "Q4_K", 17920, 1536), ("down", "Q4_K", 1536, 8960), ("down
 STREAM_MB = 400  # at least this much weight per sweep, more than the last-level cache
 
 
-def copies_of(w: QuantWeight, six: bool, n: int) -> list[tuple]:
-    """``n`` copies of w's kernel arguments in distinct memory (int8 panels where ``six`` is False)."""
-    q, s, _, _ = w.parts()
+def kernel_args(w: QuantWeight, six: bool) -> tuple:
+    """w's arguments to the VNNI kernel: as it holds them, or (``six`` False, Q6_K) as int8 panels with
+    fp32 group scales."""
     e = K._EMPTY
-    out = []
-    for _ in range(n):
-        if w.bits == 4:
-            out.append((w.q.clone(), e, w.scale.clone(), w.min.clone(), w.out_features, w.group, 4,
-                        w.scale_d.clone(), w.min_d.clone()))
-        elif six:
-            nib, crumbs = K.int6_to_panels(q)
-            out.append((nib, crumbs, K.to_panels(s.f), e, w.out_features, w.group, 6, K.to_panels(s.d.half()), e))
-        else:
-            out.append((K.to_panels(q), e, K.to_panels(s.expand()), e, w.out_features, w.group, 8, e, e))
-    return out
+    if w.bits == 4 or six:
+        return (w.q, e if w.high is None else w.high, w.scale, e if w.min is None else w.min, w.out_features,
+                w.group, 6 if six else 4, w.scale_d, e if w.min_d is None else w.min_d)
+    q, s, _, _ = w.parts()
+    return K.to_panels(q), e, K.to_panels(s.expand()), e, w.out_features, w.group, 8, e, e
+
+
+def copies(args: tuple, n: int) -> list[tuple]:
+    """``n`` copies of kernel arguments in distinct memory."""
+    return [tuple(t.clone() if isinstance(t, torch.Tensor) and t.numel() else t for t in args) for _ in range(n)]
 
 
 def main():
@@ -56,9 +56,9 @@ def main():
     for name, kind, n, k in SHAPES:
         w = QuantWeight(*block_parts(random_blocks(kind, n, k, rng), kind, (n, k)))
         for six in ((True, False) if kind == "Q6_K" else (False,)):
-            one = copies_of(w, six, 1)[0]
-            mb = sum(t.numel() * t.element_size() for t in one if isinstance(t, torch.Tensor)) / 1e6
-            ws = copies_of(w, six, max(1, round(STREAM_MB / mb)))
+            args = kernel_args(w, six)
+            mb = sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor)) / 1e6
+            ws = copies(args, max(1, round(STREAM_MB / mb)))
             cells = []
             for rows in ROWS:
                 x = torch.randn(rows, k)
