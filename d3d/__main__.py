@@ -635,7 +635,12 @@ def add_train_drafter_parser(sub) -> None:
                                     "training answers (the head scores only those; needs shared embeddings)",
                      "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "
                                       "tokenizer's ids",
-                     "num_layers": "drafter layers (initialised from evenly spaced target layers)",
+                     "num_layers": "drafter layers (initialised from evenly spaced target layers, or --base's)",
+                     "base": "build the drafter from this real model (a name python -m d3d fetch knows, e.g. "
+                             "qwen2.5-coder-0.5b) instead of the target: its layers start the drafter and its "
+                             "embedding and LM-head rows are borrowed (frozen, named in the drafter's config, "
+                             "fetched where missing), while the target writes the answers and verifies the τ "
+                             "monitor. One drafter then fits every target with its tokenizer",
                      "soft_labels": "k > 0: label every position with the target's top-k next-token distribution "
                                     "(one more target pass per training row, cached in OUT/data) and train on the "
                                     "cross-entropy to it instead of the hard token (--data chat or windows)",

@@ -446,3 +446,51 @@ def test_the_target_fingerprint_names_the_model_not_the_dtype_it_runs_in():
     with torch.no_grad():
         target.embed_tokens.weight[0, 0] += 1.0
     assert target_fingerprint(target) != fp32
+
+
+def test_base_builds_the_drafter_from_another_model_than_the_target(tmp_path, monkeypatch):
+    """``--base NAME``: the drafter is built from (and borrows the embeddings of) a real model other
+    than the target whose answers it learns; it records the name, so it loads beside the target
+    alone and drafts losslessly for it. A base that is no real model, or speaks another vocabulary,
+    is refused before any data is made."""
+    import torch
+
+    import d3d
+    import d3d.fetch
+    import d3d.train.drafter as trainer
+    from d3d import load_drafter, load_model
+    from d3d.decode.config import SpecConfig
+    from d3d.train.drafter import DrafterTrainConfig, train_drafter
+    from d3d.train.target import train_target
+    from test_train_target import tiny_config
+
+    small = tiny_config(tmp_path / "s", steps=2, vocab_size=320)
+    wide = tiny_config(tmp_path / "w", steps=2, vocab_size=320, hidden_size=48, num_layers=2, head_dim=24)
+    other = tiny_config(tmp_path / "o", steps=2, vocab_size=288)
+    for c in (small, wide, other):
+        train_target(c, log=lambda *_: None)
+    dirs = {"tiny-small": small.out, "tiny-other": other.out}
+    monkeypatch.setattr(d3d.fetch, "is_real_model", lambda name: name in dirs)
+    monkeypatch.setattr(d3d.fetch, "fetch", lambda name, log=None: trainer.Path(dirs[name]))
+    made = []
+    monkeypatch.setattr(trainer, "make_chat_training_data",
+                        lambda *a, **kw: made.append(1) or (torch.randint(10, 100, (8, 32)), torch.ones(8, 32)))
+    monkeypatch.setattr(trainer, "chat_prompts", lambda *a, **kw: [[11, 12, 13]])
+    common = dict(target=wide.out, corpus=wide.corpus, heldout_fraction=wide.heldout_fraction, data="chat",
+                  num_layers=1, block_size=4, window=32, batch_size=2, draft_vocab=64, eval_every=100,
+                  eval_prompts=1, eval_new_tokens=4, save_every=100, log_every=100, steps=2)
+    train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "d"), base="tiny-small"), log=lambda *_: None)
+    target = load_model(wide.out, dtype="float32")
+    drafter = load_drafter(tmp_path / "d", target=target)
+    assert drafter.dcfg.embeddings_from == "tiny-small"
+    assert drafter.model.cfg.hidden_size == 32 != target.cfg.hidden_size
+    prompt = [[1, 2, 3, 4], [5, 6]]
+    ar = d3d.generate(target, prompt, max_new_tokens=12, stop_ids=[])
+    assert d3d.generate(target, prompt, max_new_tokens=12, stop_ids=[], drafter=drafter,
+                        spec=SpecConfig(mode="sync")).tokens == ar.tokens
+    made.clear()
+    with pytest.raises(ValueError, match="--base='nowhere': expected a real model"):
+        train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "e"), base="nowhere"), log=lambda *_: None)
+    with pytest.raises(ValueError, match="--base tiny-other: .*not the target's|--base tiny-other: 288 embedding"):
+        train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "f"), base="tiny-other"), log=lambda *_: None)
+    assert not made

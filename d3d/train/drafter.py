@@ -245,6 +245,7 @@ def measure_tau(target: Transformer, drafter: Drafter, prompts: list[list[int]],
 @dataclass(kw_only=True)
 class DrafterTrainConfig(TrainSettings):
     target: str
+    base: str | None = None  # a real model (d3d.fetch's name) the drafter is built from instead of the target
     num_layers: int = 3
     block_size: int = 16
     shared_embeddings: bool = True
@@ -319,11 +320,27 @@ def drafting_vocabulary(ids: torch.Tensor, weight: torch.Tensor, k: int, vocab_s
     return vocab_map
 
 
+def base_dir(cfg: DrafterTrainConfig, tok: Tokenizer, log=print) -> str:
+    """The directory of the model a drafter is built from: ``--base``'s (fetched where missing),
+    which must speak the target's tokenizer, else the target's own."""
+    if cfg.base is None:
+        return cfg.target
+    from ..fetch import fetch
+
+    path = fetch(cfg.base, log=log)
+    if Tokenizer.load(path)._tok.get_vocab(with_added_tokens=True) != tok._tok.get_vocab(with_added_tokens=True):
+        raise ValueError(f"--base {cfg.base}: its tokenizer ({path}) is not the target's ({cfg.target}): "
+                         f"a drafter reads and writes its target's tokens")
+    return str(path)
+
+
 def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig,
                   vocab_map: torch.Tensor | None = None) -> Drafter:
+    """A drafter of ``target``'s layer shape (``target``: the ``--base`` model where one is named),
+    initialised from its layers; its embedding and head shared (frozen) or copied."""
     mask_id = pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id)
     dcfg = DrafterConfig(block_size=cfg.block_size, mask_token_id=mask_id, target_vocab=target.cfg.vocab_size,
-                         shared_embeddings=cfg.shared_embeddings,
+                         shared_embeddings=cfg.shared_embeddings, embeddings_from=cfg.base or "",
                          draft_vocab_size=0 if vocab_map is None else vocab_map.numel())
     if not 1 <= cfg.num_layers:
         raise ValueError(f"--num-layers={cfg.num_layers}: must be >= 1")
@@ -388,6 +405,14 @@ def check_train_config(cfg: DrafterTrainConfig) -> tuple[str, ...]:
         raise ValueError("--answers and --requests are about chat answers: they need --data chat")
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
+    if cfg.base is not None:
+        from ..fetch import is_real_model
+
+        if not is_real_model(cfg.base):
+            raise ValueError(f"--base={cfg.base!r}: expected a real model d3d fetches (python -m d3d fetch --help "
+                             f"lists them): the drafter records its name and borrows its embeddings on any machine")
+        if not cfg.shared_embeddings:
+            raise ValueError("--base lends the drafter its embeddings: it needs shared embeddings, not --own-embeddings")
     return kinds
 
 
@@ -471,20 +496,29 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     kinds = check_train_config(cfg)
-    target = load_model(cfg.target, dtype="float32")  # fp32 master weights; compute_dtype autocasts the matmuls
     tok = Tokenizer.load(cfg.target)
+    # The model the drafter is built from (layers, embedding, head rows): fp32 master weights,
+    # compute_dtype autocasts the matmuls. The target writes the answers and verifies the τ monitor.
+    base = load_model(base_dir(cfg, tok, log), dtype="float32")
+    if cfg.base is None:
+        target, labeller = base, labelling_model(cfg.target, base)
+    else:
+        target = labeller = load_model(cfg.target)
+        if base.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(f"--base {cfg.base}: {base.cfg.vocab_size} embedding rows, the target "
+                             f"{target.cfg.vocab_size}: a drafter drafts in its target's vocabulary")
     vocab_map = init_state = None
     if cfg.init_drafter:  # checked before the data, which may take an hour to make
         init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
-                                                      pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id))
+                                                      pick_mask_id(tok, base.cfg.vocab_size, cfg.mask_token_id))
         log(f"starting from the drafter in {cfg.init_drafter} (its weights and drafting vocabulary)")
-    data = training_data(cfg, labelling_model(cfg.target, target), tok, kinds, log)
+    data = training_data(cfg, labeller, tok, kinds, log)
     if cfg.data_only:
         log(f"--data-only: {data.ids.shape[0]} rows of training data in {data.where}; no training")
         return {"history": [], "data_rows": data.ids.shape[0]}
     N, L = data.ids.shape
     vocab_map, label_map = drafting_labels(data, cfg, target.cfg.vocab_size, vocab_map, resume, log)
-    drafter = build_drafter(target, tok, cfg, vocab_map)
+    drafter = build_drafter(base, tok, cfg, vocab_map)
     model = drafter.model
     if init_state is not None:  # a resumed run's training state, loaded by train_loop, overrides these
         missing = [k for k in model.load_state_dict(init_state, strict=False).missing_keys
