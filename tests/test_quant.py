@@ -375,6 +375,39 @@ def test_bundled_pair_quantized_is_lossless(fmt, activations, monkeypatch):
         assert d3d.generate(target, prompts, max_new_tokens=40, stop_ids=[], drafter=drafter, spec=mode).tokens == ref
 
 
+@needs_kernel
+def test_quantized_matrices_are_modules_swapped_in(tmp_path, monkeypatch):
+    """Each quantized matrix is a ``QuantLinear`` put where its ``Linear`` was (the bias kept, no weight
+    Parameter left): ``state_dict`` holds the rest as before, and the logits are the dense model's on the
+    dequantized matrices (fp32 activations: the exact kernel)."""
+    from d3d.model.config import preset
+    from d3d.model.transformer import QuantEmbedding, QuantLinear, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(preset("qwen3-tiny", attention_bias=True, tie_word_embeddings=False))
+    for layer in model.layers:
+        torch.nn.init.normal_(layer.self_attn.qkv_proj.bias)
+    d3d.save_model(model, tmp_path, dtype="float32")
+    monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "fp32")
+    q = d3d.load_model(tmp_path, weights="int8")
+    dense = d3d.load_model(tmp_path, weights="fp32")
+    swapped = {n for n, m in q.named_modules() if isinstance(m, QuantLinear)}
+    assert swapped == {n.removesuffix(".weight") for n, p in dense.named_parameters() if p.dim() == 2} - {"embed_tokens"}
+    assert isinstance(q.embed_tokens, QuantEmbedding) and all(p.dim() == 1 for p in q.parameters())
+    assert len(q.quantized_matrices()) == len(swapped) + 1 and q.weights == "int8"
+    assert set(q.state_dict()) == {n for n, p in dense.state_dict().items() if p.dim() == 1}
+    assert torch.equal(q.layers[1].self_attn.qkv_proj.bias, dense.layers[1].self_attn.qkv_proj.bias)
+    q.load_state_dict(q.state_dict())  # strict: what it holds round-trips
+    with torch.no_grad():
+        for name in swapped:
+            dense.get_submodule(name).weight.copy_(q.get_submodule(name).weight.dequantize())
+        dense.embed_tokens.weight.copy_(q.embed_tokens.weight.dequantize())
+    ids = torch.randint(0, q.cfg.vocab_size, (2, 9))
+    torch.testing.assert_close(q(ids), dense(ids), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="cannot replace"):
+        q.set_weight("norm.weight", quantize(torch.randn(64, 64), "int8"))
+
+
 def test_decide_weights_with_mocked_machines():
     big, llc = 2 << 30, 32 << 20
     probe = lambda: {"dense": 10.0, "int8": 4.0}  # noqa: E731

@@ -1,6 +1,6 @@
 """Weight-only quantized matrices for CPU inference: int8, int5 and int4 groups, in the kernels' panels.
 
-A ``QuantWeight`` stands where a model's weight tensor stands (``Linear.weight``, the embedding,
+A ``QuantWeight`` stands where a model's weight tensor stands (``QuantLinear.weight``, the embedding,
 the LM head). Its values are defined exactly, group by group along k (G consecutive inputs of one
 output row share a scale s, and for int4 a min m):
 

@@ -37,7 +37,7 @@ from ..model.cache import KVCache, branches
 from ..model.checkpoint import SHARED_EMBEDDINGS, is_quantized_checkpoint, load_embeddings, read_state, save_model
 from ..model.config import ModelConfig
 from ..kernels.denoise import denoise_step
-from ..model.transformer import Transformer, quant_linear
+from ..model.transformer import QuantLinear, Transformer
 from ..cpu.quant import is_quantized
 from ..cpu.precision import auto_weights
 
@@ -366,7 +366,7 @@ def borrowed_embeddings(dcfg: DrafterConfig, cfg: ModelConfig, target: Transform
 def head_linear(w) -> torch.nn.Module:
     """An LM head module over the matrix ``w`` (quantized or dense)."""
     if is_quantized(w):
-        return quant_linear(w)
+        return QuantLinear(w)
     head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
     head.weight = torch.nn.Parameter(w, requires_grad=False)
     return head
@@ -377,7 +377,7 @@ def draft_head(lender, vocab_map: torch.Tensor) -> torch.nn.Module:
     model the embeddings are borrowed from (a ``Transformer`` or ``load_embeddings``')."""
     w = lender.output_weight()
     if is_quantized(w):
-        return quant_linear(w.select(vocab_map))
+        return QuantLinear(w.select(vocab_map))
     return head_linear(w.detach()[vocab_map.to(w.device)].clone())
 
 

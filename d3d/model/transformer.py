@@ -110,13 +110,23 @@ class Linear(nn.Linear):
         return cpu_linear.linear(x, self.weight, self.bias)
 
 
-def quant_linear(weight) -> Linear:
-    """A ``Linear`` without bias holding a quantized matrix (``d3d.cpu.quant``)."""
-    with torch.device("meta"):
-        layer = Linear(weight.shape[1], weight.shape[0], bias=False)
-    del layer._parameters["weight"]
-    layer.weight = weight
-    return layer
+class QuantLinear(nn.Module):
+    """A linear layer over a quantized matrix (``d3d.cpu.quant``), swapped in whole where a ``Linear`` was
+    (``Transformer.set_weight``; gpt-fast's ``WeightOnlyInt8Linear``). ``weight`` is the quantized matrix, a
+    plain attribute (no Parameter: ``state_dict`` and ``.to()`` leave it alone); ``bias`` stays a Parameter.
+    Its matmul is ``Linear``'s call, which hands a quantized matrix to its own kernel."""
+
+    def __init__(self, weight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight = weight
+        self.register_parameter("bias", bias)
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_linear.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight!r}, bias={self.bias is not None}"
 
 
 class QuantEmbedding(nn.Module):
@@ -313,15 +323,17 @@ class Transformer(nn.Module):
 
     def set_weight(self, name: str, weight) -> None:
         """Put a quantized matrix (``d3d.cpu.quant``) where the parameter ``name`` (ours, e.g.
-        ``layers.0.mlp.down_proj.weight`` or ``embed_tokens.weight``) is."""
+        ``layers.0.mlp.down_proj.weight`` or ``embed_tokens.weight``) is: its module is replaced by a
+        ``QuantLinear`` (keeping the bias) or a ``QuantEmbedding``."""
         if name == "embed_tokens.weight":
             self.embed_tokens = QuantEmbedding(weight)
             return
-        module = self.get_submodule(name.removesuffix(".weight"))
-        if not isinstance(module, Linear) or tuple(weight.shape) != tuple(module.weight.shape):
+        path = name.removesuffix(".weight")
+        parent, _, child = path.rpartition(".")
+        module = self.get_submodule(path)
+        if not isinstance(module, (Linear, QuantLinear)) or tuple(weight.shape) != tuple(module.weight.shape):
             raise ValueError(f"{name}: a {tuple(weight.shape)} matrix cannot replace {module}")
-        module._parameters.pop("weight", None)
-        module.weight = weight  # a plain attribute: Linear.forward hands it to cpu_linear.linear
+        setattr(self.get_submodule(parent), child, QuantLinear(weight, module.bias))
 
     def new_cache(self, rows: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         return KVCache(self.cfg, rows, max_len, dtype or self.cache_dtype, self.device)
