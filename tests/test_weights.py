@@ -75,3 +75,27 @@ def test_load_drafter_takes_load_models_words_and_errors(monkeypatch):
         d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=target, weights="bf16", dtype="float32")
     drafter = d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=target, weights="bfloat16")
     assert drafter.model.dtype == torch.bfloat16 and drafter.model.weights_choice.weights == "bfloat16"
+
+
+def test_load_dflash_takes_load_models_words_and_follows_the_target():
+    from d3d.assets import BUNDLED_DFLASH
+    from d3d.draft.dflash import load_dflash
+
+    target = d3d.load_model(bundled(BUNDLED_TARGET), weights="fp32")
+    dflash = load_dflash(bundled(BUNDLED_DFLASH), target)
+    assert dflash.model.weights_choice == precision.WeightsChoice("float32", "follows the target (float32)")
+    assert dflash.fc.weight.dtype == dflash.hidden_norm.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="weights='int3': expected one of auto, dense, fp32"):
+        load_dflash(bundled(BUNDLED_DFLASH), target, weights="int3")
+    with pytest.raises(ValueError, match="weights='bf16' and dtype='float32' disagree"):
+        load_dflash(bundled(BUNDLED_DFLASH), target, weights="bf16", dtype="float32")
+    with pytest.raises(ValueError, match="compute in bfloat16, the target in float32"):  # it reads the target's states
+        load_dflash(bundled(BUNDLED_DFLASH), target, weights="bf16")
+    if kernel.available():
+        assert load_dflash(bundled(BUNDLED_DFLASH), target, weights="int8").model.weights == "int8"
+        quantized = d3d.load_model(bundled(BUNDLED_TARGET), weights="int4")
+        follows = load_dflash(bundled(BUNDLED_DFLASH), quantized)
+        assert follows.model.weights == "int4" and follows.model.weights_choice.reason == "follows the target (int4)"
+        ids = list(range(5, 30))
+        assert d3d.generate(quantized, ids, max_new_tokens=24, stop_ids=[], drafter=follows, spec="dflash").tokens \
+            == d3d.generate(quantized, ids, max_new_tokens=24, stop_ids=[]).tokens

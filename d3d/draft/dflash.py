@@ -25,8 +25,9 @@ import torch
 from torch import nn
 
 from ..cpu import linear as cpu_linear
+from ..cpu.precision import auto_weights
 from ..model.cache import KVCache, make_layout
-from ..model.checkpoint import SHARED_EMBEDDINGS, read_state, save_model
+from ..model.checkpoint import SHARED_EMBEDDINGS, is_quantized_checkpoint, read_state, save_model
 from ..model.config import ModelConfig
 from ..kernels import use_triton
 from ..kernels.attention import attend_torch, packed_attention
@@ -159,7 +160,12 @@ def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype=None) -> None:
                config_extra={"dflash": {**asdict(drafter.dcfg), "target_layer_ids": list(drafter.dcfg.target_layer_ids)}})
 
 
-def load_dflash(path: str | Path, target: Transformer) -> DFlashDrafter:
+def load_dflash(path: str | Path, target: Transformer, dtype=None, weights: str = "auto") -> DFlashDrafter:
+    """Load a DFlash drafter directory beside ``target`` (on its device, sharing its embedding and head).
+    ``weights`` and ``dtype``: ``load_drafter``'s (``d3d.cpu.precision.auto_weights``); ``"auto"`` follows the
+    target (quantized beside a quantized target, else dense in its dtype); a choice computing in another
+    dtype than the target's is refused (the drafter reads the target's hidden states). The context
+    projection ``fc`` stays dense."""
     path = Path(path)
     cfg = ModelConfig.load(path)
     source = str(path / "config.json")
@@ -174,13 +180,21 @@ def load_dflash(path: str | Path, target: Transformer) -> DFlashDrafter:
     if bad or not dcfg.target_layer_ids:
         raise ValueError(f"{source}: target_layer_ids {list(dcfg.target_layer_ids)} invalid for a "
                          f"{target.cfg.num_hidden_layers}-layer target")
+    choice = auto_weights(weights, dtype, target.device, cfg, is_quantized_checkpoint(path), follow=target.weights)
+    computes = choice.compute_dtype(dtype, target.device, cfg.torch_dtype)
+    if computes != target.dtype:  # it reads the target's hidden states
+        raise ValueError(f"{source}: weights={weights!r} and dtype={dtype!r} compute in "
+                         f"{str(computes).removeprefix('torch.')}, the target in "
+                         f"{str(target.dtype).removeprefix('torch.')}: a DFlash drafter computes in its target's dtype")
     state, tensors = read_state(path, cfg, skip=SHARED_EMBEDDINGS, extra={
         "fc.weight": (cfg.hidden_size, len(dcfg.target_layer_ids) * cfg.hidden_size),
-        "hidden_norm.weight": (cfg.hidden_size,)})
-    drafter = DFlashDrafter(cfg, dcfg, target).to(target.device)
-    drafter.model.load_state_dict(state, strict=False)
-    drafter.fc.weight.data.copy_(tensors["fc.weight"])
-    drafter.hidden_norm.weight.data.copy_(tensors["hidden_norm.weight"])
-    drafter = drafter.to(target.dtype).eval().requires_grad_(False)
-    drafter.model.pack_for_cpu()
-    return drafter
+        "hidden_norm.weight": (cfg.hidden_size,)}, keep_quantized=choice.quantized)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg, dcfg, target)
+    drafter.model.load_weights(state, choice, dtype, target.device, strict=False)
+    for module, name in ((drafter.fc, "fc.weight"), (drafter.hidden_norm, "hidden_norm.weight")):
+        module.weight = nn.Parameter(tensors[name].to(target.device, drafter.model.dtype), requires_grad=False)
+    leftover = [n for n, p in drafter.named_parameters() if p.is_meta]
+    if leftover:
+        raise ValueError(f"{source}: parameters not loaded: {leftover[:5]}")
+    return drafter.eval()
