@@ -8,6 +8,7 @@ prompts only), four engines answer greedily with the same prompt tokens and the 
     llama-spec    llama.cpp ``llama-speculative-simple`` with a draft model (``--llama-draft GGUF``; for the
                   1.5B by name, the 0.5B's GGUF where fetched), its defaults (3 drafts)
     d3d-ar        d3d ``ar`` on the checkpoint ``convert-gguf`` wrote (``weights="auto"``)
+    d3d-alone     d3d's defaults without copied drafts (``lookup=0``): every draft is the drafter's own
     d3d           d3d's defaults (``python -m d3d generate``: sync with the drafter on a CPU, its defaults)
 
 Engines take turns request by request (the order reversed every other request, so drift hits them
@@ -45,7 +46,7 @@ from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
 
-ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d")
+ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d")
 
 
 def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int,
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     tok = d3d.load_tokenizer(args.target)
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
-    engines = tuple(e for e in ENGINES if (e != "d3d" or drafter is not None) and (e != "llama-spec" or args.llama_draft))
+    engines = tuple(e for e in ENGINES if (not e.startswith("d3d-a") or e == "d3d-ar" or drafter is not None)
+                    and (e != "d3d" or drafter is not None) and (e != "llama-spec" or args.llama_draft))
     if note:
         print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)
     weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict | None:
           f"decoded token", file=sys.stderr)
     d3d.generate(target, sets["code"][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up (kernel build, caches)
     results, equal, same_text = {s: {e: [] for e in engines} for s in sets}, 0, {s: 0 for s in sets}
+    rounds = {s: {e: [0.0, 0] for e in engines if e in ("d3d", "d3d-alone")} for s in sets}  # tokens, rounds
     for name, prompts in sets.items():
         for i, ids in enumerate(prompts):
             text = tok.decode(ids)
@@ -146,16 +149,19 @@ def main(argv: list[str] | None = None) -> dict | None:
                                              args.lookup_drafts if engine == "llama-lookup" else 0,
                                              Path(args.llama_draft) if engine == "llama-spec" else None)
                 else:
-                    spec = "ar" if engine == "d3d-ar" else mode
+                    spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0"}.get(engine, mode)
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
                                        stop_ids=stops)
-                    runs[engine] = {"tokens": len(out.tokens[0]),
+                    runs[engine] = {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,
                                     "seconds": out.stats.prefill_seconds + out.stats.decode_seconds,
                                     "ids": out.tokens[0], "text": tok.decode(out.tokens[0], skip_special_tokens=True)}
-            equal += runs.get("d3d", runs["d3d-ar"])["ids"] == runs["d3d-ar"]["ids"]
+            equal += all(runs[e]["ids"] == runs["d3d-ar"]["ids"] for e in ("d3d", "d3d-alone") if e in runs)
             same_text[name] += runs["llama-ar"]["text"].strip()[:200] == runs["d3d-ar"]["text"].strip()[:200]
             for engine, r in runs.items():
                 results[name][engine].append(r["tokens"] / r["seconds"])
+                if engine in rounds[name]:
+                    rounds[name][engine][0] += r["tau"] * r["rounds"]
+                    rounds[name][engine][1] += r["rounds"]
             print(f"{name} {i}: " + ", ".join(f"{e} {runs[e]['tokens'] / runs[e]['seconds']:.1f}" for e in engines),
                   file=sys.stderr, flush=True)
     n = sum(len(p) for p in sets.values())
@@ -170,10 +176,13 @@ def main(argv: list[str] | None = None) -> dict | None:
                "d3d_ar_weight_gb_s": weight_bytes / 1e9 * ar_tok_s, "speculative_equal_to_ar": f"{equal}/{n}",
                "llama_text_equal_to_d3d_ar": {s: f"{v}/{len(sets[s])}" for s, v in same_text.items()},
                "tok_s": results, "median_tok_s": summary,
+               "tau": {s: {e: t / max(1, k) for e, (t, k) in r.items()} for s, r in rounds.items()},
                "vs_llama_ar": {s: {e: v / summary[s]["llama-ar"] for e, v in r.items()} for s, r in summary.items()}}
     print(markdown_table(["set"] + [f"{e} tok/s (x llama-ar)" for e in engines],
                          [[s] + [f"{summary[s][e]:.1f} ({summary[s][e] / summary[s]['llama-ar']:.2f}x)" for e in engines]
                           for s in summary]))
+    print("τ (tokens a round): " + "; ".join(f"{s} " + ", ".join(f"{e} {t:.2f}" for e, t in r.items())
+                                         for s, r in payload["tau"].items()))
     print(f"d3d speculative == d3d ar on {equal}/{n}; d3d ar streams {payload['d3d_ar_weight_gb_s']:.1f} GB/s of "
           f"weights (copy bandwidth {bandwidth:.1f} GB/s)")
     write_json(args.out, payload)

@@ -623,6 +623,10 @@ def add_train_drafter_parser(sub) -> None:
                                 "answers (default OUT/data/answers). Every answer in it trains; requests it lacks "
                                 "are answered until it holds --n-sequences. Commit it (e.g. data/…) and the slow "
                                 "answers outlive the machine; another target or --gen-len is refused",
+                     "also_answers": "--data chat: another answer store (read only, any model's answers, e.g. the "
+                                     "0.5B's data/qwen2.5-coder-answers beside the 1.5B's store) whose answers "
+                                     "train too, as --also-share of the rows (a seeded random subset)",
+                     "also_share": "the share of training rows --also-answers makes (0 < share < 1)",
                      "init_drafter": "start from this saved drafter (e.g. the one in models/): its weights, "
                                      "dequantized if stored as int8, and its drafting vocabulary; the optimizer starts "
                                      "fresh. For going on when no OUT/training_state.pt survives (--resume wins when "

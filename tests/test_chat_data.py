@@ -494,3 +494,28 @@ def test_base_builds_the_drafter_from_another_model_than_the_target(tmp_path, mo
     with pytest.raises(ValueError, match="--base tiny-other: .*not the target's|--base tiny-other: 288 embedding"):
         train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "f"), base="tiny-other"), log=lambda *_: None)
     assert not made
+
+
+def test_also_answers_adds_a_seeded_share_of_another_stores_rows(tmp_path, monkeypatch):
+    """``--also-answers DIR --also-share S``: another store's answers make S of the rows (a seeded
+    subset, the same one each call; all of them when it holds fewer); a bad share or a missing
+    store is refused by name."""
+    import torch
+
+    from d3d.train.chat_data import store_rows
+    from d3d.train.drafter import DrafterTrainConfig, check_train_config
+
+    make, _ = _store_setup(monkeypatch)
+    make(7, tmp_path / "other")
+    ids, mask = store_rows(tmp_path / "other", 0.25, 9, 16, 0, seed=3)
+    assert ids.shape == (3, 16) and mask.shape == (3, 16) and mask.sum(1).tolist() == [6, 6, 6]
+    assert torch.equal(store_rows(tmp_path / "other", 0.25, 9, 16, 0, seed=3)[0], ids)
+    assert not torch.equal(store_rows(tmp_path / "other", 0.25, 9, 16, 0, seed=4)[0], ids)
+    assert store_rows(tmp_path / "other", 0.9, 9, 16, 0, seed=3)[0].shape[0] == 7
+    common = dict(target="t", out="o", data="chat")
+    with pytest.raises(ValueError, match="--also-share=1.0: must lie strictly between 0 and 1"):
+        check_train_config(DrafterTrainConfig(**common, also_answers=str(tmp_path / "other"), also_share=1.0))
+    with pytest.raises(ValueError, match="nowhere/manifest.json: not a readable answer-store manifest"):
+        check_train_config(DrafterTrainConfig(**common, also_answers=str(tmp_path / "nowhere")))
+    with pytest.raises(ValueError, match="--also-answers.*need --data chat"):
+        check_train_config(DrafterTrainConfig(target="t", out="o", also_answers=str(tmp_path / "other")))

@@ -29,7 +29,7 @@ from ..model.transformer import Transformer
 from ..data.prompts import CHAT_TEMPLATES, code_request, explain_request, review_request, tests_request
 from ..model.tokenizer import Tokenizer
 from ..data.corpus import PYTHON_SOURCES, Corpus, find_corpus, read_texts
-from ..data.answers import AnswerStore, target_fingerprint
+from ..data.answers import AnswerStore, sealed_answers, target_fingerprint
 from .common import resumable_chunks
 
 def function_snippets(texts: list[str], max_chars: int = 600) -> list[str]:
@@ -149,6 +149,19 @@ def to_windows(prompts: list[list[int]], answers: list[list[int]], window: int, 
         ids[i, :len(seq)] = torch.tensor(seq)
         mask[i, len(seq) - n_ans: len(seq)] = 1
     return ids, mask
+
+
+def store_rows(store_dir: str | Path, share: float, n_main: int, window: int, pad_id: int, seed: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows from another answer store (read only, any model's answers: e.g. a smaller model's to the
+    same kind of requests) making ``share`` of the training rows beside ``n_main`` of the target's:
+    a seeded random subset of its answers, all of them when it holds fewer."""
+    have = sealed_answers(store_dir)
+    if not have:
+        raise ValueError(f"--also-answers {store_dir}: the store holds no sealed answers")
+    want = min(len(have), round(n_main * share / (1 - share)))
+    pick = torch.randperm(len(have), generator=torch.Generator().manual_seed(seed))[:want].sort().values.tolist()
+    return to_windows([have[i].prompt for i in pick], [have[i].answer for i in pick], window, pad_id)
 
 
 @torch.no_grad()

@@ -38,7 +38,7 @@ from ..cpu.precision import resolve_dtype
 from ..data.prompts import heldout_prompts
 from ..model.tokenizer import Tokenizer
 from .bd3_compact import compact_layout, grouped_batch, kept_length, length_order
-from .chat_data import REQUEST_KINDS, chat_prompts, make_chat_training_data
+from .chat_data import REQUEST_KINDS, chat_prompts, make_chat_training_data, store_rows
 from .common import labels_cache, make_optimizer, resumable_rows, save_atomic
 from .soft_labels import make_soft_labels, soft_cross_entropy
 from .loop import TrainSettings, train_loop
@@ -266,6 +266,8 @@ class DrafterTrainConfig(TrainSettings):
     extra_functions: bool = False  # chat data: past the corpus's functions, other installed packages' (extra_train_snippets)
     data_only: bool = False  # make (or extend) the cached data, then stop without training
     answers: str | None = None  # chat data: the answer store (AnswerStore); None: OUT/data/answers
+    also_answers: str | None = None  # chat data: another store whose answers make also_share of the rows
+    also_share: float = 0.5
     requests: str = "code"  # chat data: request kinds asked of each function, "+"-joined (chat_requests)
     init_drafter: str | None = None  # start from this saved drafter's weights and drafting vocabulary (fresh optimizer)
     soft_labels: int = 0  # k > 0: train on the target's top-k distributions (one more target pass per row)
@@ -401,8 +403,14 @@ def check_train_config(cfg: DrafterTrainConfig) -> tuple[str, ...]:
     if any(k not in REQUEST_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
         raise ValueError(f"--requests={cfg.requests!r}: expected kinds among {', '.join(REQUEST_KINDS)}, "
                          f"each once, joined by '+' (e.g. code+explain)")
-    if (cfg.answers or cfg.requests != "code") and cfg.data != "chat":
-        raise ValueError("--answers and --requests are about chat answers: they need --data chat")
+    if (cfg.answers or cfg.also_answers or cfg.requests != "code") and cfg.data != "chat":
+        raise ValueError("--answers, --also-answers and --requests are about chat answers: they need --data chat")
+    if not 0 < cfg.also_share < 1:
+        raise ValueError(f"--also-share={cfg.also_share}: must lie strictly between 0 and 1")
+    if cfg.also_answers:  # before any data is made
+        from ..data.answers import read_manifest
+
+        read_manifest(cfg.also_answers)
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
     if cfg.base is not None:
@@ -450,6 +458,11 @@ def training_data(cfg: DrafterTrainConfig, labeller: Transformer, tok: Tokenizer
                                                  extra_functions=cfg.extra_functions, kinds=kinds, log=log)
         eval_prompts = chat_prompts(tok, cfg.corpus, cfg.heldout_fraction, cfg.eval_prompts, "validation", seed=1234,
                                     templates=1)
+        if cfg.also_answers and not cfg.data_only:
+            more = store_rows(cfg.also_answers, cfg.also_share, ids.shape[0], cfg.window,
+                              tok.token_id("<|endoftext|>") or 0, cfg.seed)
+            log(f"{cfg.also_answers}: {more[0].shape[0]} rows beside the target's {ids.shape[0]}")
+            ids, loss_mask = torch.cat([ids, more[0]]), torch.cat([loss_mask, more[1]])
     else:
         ids = make_training_data(labeller, tok, cfg.corpus, cfg.heldout_fraction, cfg.n_sequences, cfg.prompt_len,
                                  cfg.gen_len, cfg.seed, out, log=log)
