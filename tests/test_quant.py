@@ -392,7 +392,8 @@ def test_quantized_matrices_are_modules_swapped_in(tmp_path, monkeypatch):
     q = d3d.load_model(tmp_path, weights="int8")
     dense = d3d.load_model(tmp_path, weights="fp32")
     swapped = {n for n, m in q.named_modules() if isinstance(m, QuantLinear)}
-    assert swapped == {n.removesuffix(".weight") for n, p in dense.named_parameters() if p.dim() == 2} - {"embed_tokens"}
+    matrices = {n.removesuffix(".weight") for n, p in dense.named_parameters() if p.dim() == 2}
+    assert swapped == matrices - {"embed_tokens"}
     assert isinstance(q.embed_tokens, QuantEmbedding) and all(p.dim() == 1 for p in q.parameters())
     assert len(q.quantized_matrices()) == len(swapped) + 1 and q.weights == "int8"
     assert set(q.state_dict()) == {n for n, p in dense.state_dict().items() if p.dim() == 1}
