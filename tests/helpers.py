@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
+
+# The test suite's own environment variables, read only through ``suite_env`` (d3d's are d3d/env.py's):
+# what a run of the suite cannot be told otherwise. docs/design.md §10 lists them (tests/test_env.py checks).
+SUITE_VARIABLES = {
+    "D3D_REAL_MODELS": "real models whose tests must run, comma-separated: a missing one fails instead of "
+                       "skipping (make test sets it)",
+    "D3D_QWEN25": "another directory for the 0.5B's tests (a converted or trained Qwen2.5-Coder-0.5B)",
+    "D3D_PAGE_SCREENSHOT": "a file where the served page's browser test saves a screenshot",
+}
+
+
+def suite_env(name: str) -> str:
+    """The value of the suite's variable ``name`` ('' where unset)."""
+    if name not in SUITE_VARIABLES:
+        raise KeyError(f"{name!r} is not one of the suite's variables (tests/helpers.py SUITE_VARIABLES)")
+    return os.environ.get(name, "")
 
 
 def make_hf_model(kind: str = "qwen3", *, vocab=257, hidden=64, inter=96, layers=2, heads=4, kv_heads=2,
@@ -70,18 +87,16 @@ def real_model_dir(name: str) -> Path:
     0.5B ``D3D_QWEN25`` may name another). Missing, its tests skip and say how to get it, unless
     ``D3D_REAL_MODELS`` lists the name (``make test`` fetches the 0.5B first and sets it, so in CI a
     missing model is a failure, not a silent skip)."""
-    import os
-
     import pytest
 
     from d3d.fetch import is_fetched, lookup, model_dir
 
     name = lookup(name).name
-    if name == "qwen2.5-coder-0.5b" and os.environ.get("D3D_QWEN25"):
-        return Path(os.environ["D3D_QWEN25"])
+    if name == "qwen2.5-coder-0.5b" and suite_env("D3D_QWEN25"):
+        return Path(suite_env("D3D_QWEN25"))
     if is_fetched(name):
         return model_dir(name)
     why = f"{name} is not fetched (python -m d3d fetch {name}; about a minute per 0.5 GB)"
-    if name in os.environ.get("D3D_REAL_MODELS", "").split(","):
+    if name in suite_env("D3D_REAL_MODELS").split(","):
         pytest.fail(f"D3D_REAL_MODELS requires {name}, but {why}")
     pytest.skip(why)

@@ -39,6 +39,26 @@ def test_design_lists_the_variables():
                                              sorted(set(env.VARIABLES) - set(rows)))
 
 
+def test_the_suites_variables_are_read_in_one_place_and_listed():
+    """A test file reads no environment variable but d3d's (and PATH): the suite's own go through
+    tests/helpers.py's ``suite_env``, each listed in SUITE_VARIABLES and in design.md's table for them."""
+    from helpers import SUITE_VARIABLES
+
+    reads = re.compile(r"""(?:environ\.get\(|getenv\(|environ\[)\s*["'](\w+)["']""")
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        if path.name != "helpers.py":
+            names = set(reads.findall(path.read_text())) - set(env.VARIABLES) - {"PATH"}
+            assert not names, f"{path.name} reads {sorted(names)}: use helpers.suite_env (SUITE_VARIABLES)"
+    asked = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        asked |= set(re.findall(r"suite_env\(\"(\w+)\"\)", path.read_text()))
+    assert asked == set(SUITE_VARIABLES), (sorted(asked - set(SUITE_VARIABLES)), sorted(set(SUITE_VARIABLES) - asked))
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = re.search(r"^### The test suite's variables\n(.*?)(?=^#|\Z)", text, re.S | re.M)
+    assert section, "docs/design.md has no '### The test suite's variables' section"
+    assert re.findall(r"^\| `(\w+)`", section.group(1), re.M) == list(SUITE_VARIABLES)
+
+
 def test_choices_match_the_vocabularies_they_name():
     from d3d.cpu.precision import DTYPES, WEIGHTS
 

@@ -11,7 +11,7 @@ import pytest
 
 import d3d
 from d3d.serve.scheduler import TextStream
-from helpers import bundled_server
+from helpers import bundled_server, suite_env
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
 
@@ -337,8 +337,6 @@ def test_the_page_in_a_real_browser(server):
     """The page in headless Chromium: type a prompt, press Generate, find tokens coloured by origin and a
     tau; press "Same prompt with ar" and find the outputs identical. D3D_PAGE_SCREENSHOT=FILE saves a
     screenshot (docs/results/serve/page.png was made so)."""
-    import os
-
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -359,8 +357,8 @@ def test_the_page_in_a_real_browser(server):
         WebDriverWait(b, 120).until(lambda d: "identical" in d.find_element(By.ID, "compare").text
                                     or "differ" in d.find_element(By.ID, "compare").text)
         assert "identical output" in b.find_element(By.ID, "compare").text
-        if os.environ.get("D3D_PAGE_SCREENSHOT"):
-            b.save_screenshot(os.environ["D3D_PAGE_SCREENSHOT"])
+        if suite_env("D3D_PAGE_SCREENSHOT"):
+            b.save_screenshot(suite_env("D3D_PAGE_SCREENSHOT"))
     finally:
         b.quit()
 
