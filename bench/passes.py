@@ -32,6 +32,7 @@ from d3d.assets import BUNDLED_TARGET, bundled
 from d3d.draft.pick import pick_drafter
 from d3d.cpu.precision import auto_dtype, resolve_dtype
 from d3d.doctor import read_bandwidth_gbs
+from d3d.model.transformer import QuantLinear
 
 from .common import interleaved, machine, markdown_table, random_model, write_json
 
@@ -66,7 +67,7 @@ def streamed_bytes(model) -> int:
     LM head included; not the embedding, whose lookup reads only the rows of the pass's tokens."""
     seen, total = set(), 0
     for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and id(m.weight) not in seen:
+        if isinstance(m, (torch.nn.Linear, QuantLinear)) and id(m.weight) not in seen:
             seen.add(id(m.weight))
             total += m.weight.nbytes
     return total
