@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..kernels import attention_cpu
 from .row_price import Fixed, PricedCut, PricedSuccessor, as_cut, as_successor_threshold
 
 if TYPE_CHECKING:
@@ -206,6 +207,28 @@ def as_spec(spec: "SpecConfig | str | None") -> SpecConfig:
     return spec
 
 
+def resolved_spec(target, drafter, spec: SpecConfig) -> SpecConfig:
+    """A speculative ``spec`` resolved for ``target`` and ``drafter`` (checked to fit it): the one call
+    ``generate`` and the server's groups make, so a spec passes this file once on its way to a round."""
+    check_drafter(target, drafter, spec)
+    return spec.resolve(target.device, target.int8_activations,
+                        attention_cpu.row_invariant(target.device, target.cfg), drafter.block_size)
+
+
+def check_drafter(target, drafter, spec: SpecConfig) -> None:
+    """The drafter a speculative ``spec`` needs, of the right kind and vocabulary (errors name it)."""
+    from ..draft.dflash import DFlashDrafter
+
+    if drafter is None:
+        raise ValueError(f"mode={spec.mode!r} needs a drafter (see d3d.load_drafter / d3d.draft.dflash.load_dflash)")
+    if (spec.mode == "dflash") != isinstance(drafter, DFlashDrafter):
+        raise ValueError(f"mode={spec.mode!r} needs a {'DFlash' if spec.mode == 'dflash' else 'D3D'} drafter, got "
+                         f"{type(drafter).__name__}")
+    if drafter.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's "
+                         f"{target.cfg.vocab_size}")
+
+
 def _real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -229,4 +252,4 @@ def parse_value(name: str, raw: str):
 
 
 __all__ = ["SpecConfig", "Sampling", "MODES", "OVERLAPS", "HELP", "defaults", "as_spec",
-           "parse_value"]
+           "parse_value", "resolved_spec", "check_drafter"]

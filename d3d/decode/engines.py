@@ -22,9 +22,8 @@ import torch
 from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn, sampling_generator
 from .sequence import Sequence
 from ..model.transformer import Transformer
-from .config import MODES, Sampling, SpecConfig, as_spec
+from .config import MODES, Sampling, SpecConfig, as_spec, resolved_spec
 from .sampling import check_lossless_sampling, check_sampling_args
-from ..kernels import attention_cpu
 from .dflash import DFlashDecoder
 from .speculative import RoundInfo, SpeculativeDecoder
 
@@ -178,26 +177,6 @@ def generate(
         return ArDecoder(model, len(seqs), max_len, stream).run(seqs)
     rounds = DFlashDecoder if spec.mode == "dflash" else SpeculativeDecoder
     return rounds(model, drafter, spec, len(seqs), max_len, stream, on_round).run(seqs)
-
-
-def resolved_spec(model: Transformer, drafter, spec: SpecConfig) -> SpecConfig:
-    """A speculative ``spec`` with every knob set for this model and drafter (the drafter checked)."""
-    check_drafter(model, drafter, spec)
-    return spec.resolve(model.device, model.int8_activations, attention_cpu.row_invariant(model.device, model.cfg),
-                        drafter.block_size)
-
-
-def check_drafter(model: Transformer, drafter, spec: SpecConfig) -> None:
-    """The drafter a speculative ``spec`` needs, of the right kind and vocabulary (errors name it)."""
-    from ..draft.dflash import DFlashDrafter
-
-    if drafter is None:
-        raise ValueError(f"mode={spec.mode!r} needs a drafter (see d3d.load_drafter / d3d.draft.dflash.load_dflash)")
-    if (spec.mode == "dflash") != isinstance(drafter, DFlashDrafter):
-        raise ValueError(f"mode={spec.mode!r} needs a {'DFlash' if spec.mode == 'dflash' else 'D3D'} drafter, got "
-                         f"{type(drafter).__name__}")
-    if drafter.cfg.vocab_size != model.cfg.vocab_size:
-        raise ValueError(f"drafter vocab_size={drafter.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}")
 
 
 __all__ = ["generate", "GenerationOutput", "GenerationStats", "RoundInfo", "ArDecoder", "MODES", "SpecConfig",

@@ -79,9 +79,9 @@ class ContextLookup:
         return None if found is None else Draft(found.tokens, found.confidence, [], [])
 
 
-def draft_sources(spec) -> list:
-    """The sources a ``SpecConfig`` asks for, in the order a round asks them."""
-    return ([ContextLookup(spec.lookup)] if spec.lookup else []) + ([spec.datastore] if spec.datastore else [])
+def draft_sources(lookup: int, datastore=None) -> list:
+    """The sources a resolved spec's ``lookup`` and ``datastore`` ask for, in the order a round asks them."""
+    return ([ContextLookup(lookup)] if lookup else []) + ([datastore] if datastore else [])
 
 
 __all__ = ["Draft", "Origin", "ContextLookup", "draft_sources"]

@@ -309,7 +309,8 @@ class SpeculativeDecoder(Decoder):
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
         self.verifier = Verifier(target, tcache)
-        self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves, draft_sources(spec))
+        self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves,
+                             draft_sources(spec.lookup, spec.datastore))
 
     @torch.inference_mode()
     def admit(self, seqs: list[Sequence]) -> None:

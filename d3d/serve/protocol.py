@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..decode.config import Sampling
+from ..draft.pick import decide_mode
 
 MAX_BODY = 16 << 20  # bytes of a request body
 MAX_DEPTH = 32  # nesting of the request's JSON
@@ -57,16 +58,18 @@ class Request:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     explain: bool = False  # the ``d3d`` extension: per-round information on the stream
-    mode: str | None = None  # the ``d3d_mode`` extension: ar, sync or async (None: the server's)
+    mode: str = "ar"  # what it decodes in: its ``d3d_mode`` (ar, sync, async), else the server's (``decide_mode``)
     id: str = field(default_factory=lambda: "d3d-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
 
 def parse(body: bytes, chat: bool, model_name: str, prompts, max_positions: int,
-          modes=("ar", "sync", "async")) -> Request:
+          modes=("ar", "sync", "async"), server_mode: str = "ar") -> Request:
     """``body`` of a POST to /v1/chat/completions (``chat``) or /v1/completions, checked; ``prompts``: a
     ``d3d.serve.prompt.PromptEncoder``; ``max_positions``: the server's context (prompt + answer);
-    ``modes``: what ``d3d_mode`` may ask for. Every check comes before tokenizing."""
+    ``modes``: what ``d3d_mode`` may ask for; ``server_mode``: the mode of a request that asks for none.
+    Every check comes before tokenizing; the request's mode is decided here (``decide_mode``: ar for a
+    truncated sampling)."""
     raw = loads(body)
     model = _text(raw, "model", required=False)
     if model is not None and model != model_name:
@@ -100,6 +103,7 @@ def parse(body: bytes, chat: bool, model_name: str, prompts, max_positions: int,
     if 0 < temperature < TEMPERATURE_FLOOR:
         temperature = TEMPERATURE_FLOOR
     sampling = Sampling(float(temperature), None, None if top_p == 1 else float(top_p), seed)
+    mode = decide_mode(mode, default=server_mode, sampling=sampling)
     return Request(chat, ids, max_tokens, sampling, stop, stream, explain, mode=mode)
 
 

@@ -1,12 +1,13 @@
 """The decoding loop of ``d3d serve``: concurrent requests decode together, joining and leaving
 between rounds.
 
-Each request is a ``Sequence`` (``d3d.decode.sequence``) made when it is submitted, its mode decided
-then (``d3d.draft.pick.decide_mode``). Requests are grouped by mode alone (ar, sync, async): a group is
-one decoder (``d3d.decode.speculative.SpeculativeDecoder`` or ``d3d.decode.engines.ArDecoder``) with
-``slots`` cache rows of ``context`` tokens, and each sequence samples as its request asks (temperature,
-top_p, seed: its own ``Sampling``), so a greedy request never waits behind sampled ones. The loop goes
-round the groups; for each it
+Each request is a ``Sequence`` (``d3d.decode.sequence``) made when it is submitted, in the mode its
+checked request carries (``d3d.serve.protocol.parse`` asks ``d3d.draft.pick.decide_mode``). Requests
+are grouped by mode alone (ar, sync, async): a group is one decoder
+(``d3d.decode.speculative.SpeculativeDecoder``, its spec resolved once when the group is made, or
+``d3d.decode.engines.ArDecoder``) with ``slots`` cache rows of ``context`` tokens, and each sequence
+samples as its request asks (temperature, top_p, seed: its own ``Sampling``), so a greedy request never
+waits behind sampled ones. The loop goes round the groups; for each it
 
     1 drops the rows whose client went away (streamed or not), then admits waiting requests into its
       free rows (speculative: one prefill pass for all of them; ar: read in the step's own pass),
@@ -32,11 +33,10 @@ import threading
 import time
 from collections import deque
 
-from ..decode.config import SpecConfig
-from ..decode.engines import ArDecoder, resolved_spec
+from ..decode.config import SpecConfig, resolved_spec
+from ..decode.engines import ArDecoder
 from ..decode.sequence import Sequence
 from ..decode.speculative import SpeculativeDecoder
-from ..draft.pick import decide_mode
 from .protocol import Request
 
 
@@ -100,10 +100,9 @@ class Scheduler:
         self.idle_seconds = IDLE_SECONDS
 
     def submit(self, req: Request, events=None) -> Job:
-        """Queue ``req`` for decoding; its events go to ``events`` (``Job``)."""
-        mode = decide_mode(req.mode, default=self.spec.mode, sampling=req.sampling)
+        """Queue ``req`` for decoding in its mode; its events go to ``events`` (``Job``)."""
         seq = Sequence(req.prompt_ids, req.max_tokens, req.sampling, self.stop_ids, id=next(self.ids))
-        job = Job(req, mode, seq, self.tok, events)
+        job = Job(req, req.mode, seq, self.tok, events)
         with self.lock:
             if self.closed:
                 job.events.put(("error", "the server is shutting down", 503))
@@ -146,9 +145,9 @@ class Scheduler:
                     self.abandoned += 1
                 else:
                     self.group_of(job.mode).waiting.append(job)
-            for mode, group in list(self.groups.items()):
+            for group in list(self.groups.values()):
                 if not group.idle:
-                    self.round(mode, group)
+                    self.round(group)
             self.release_idle()
         for group in self.groups.values():
             group.decoder.close()
@@ -184,7 +183,7 @@ class Scheduler:
         spec = resolved_spec(self.target, self.drafter, self.spec.replace(mode=mode))
         return SpeculativeDecoder(self.target, self.drafter, spec, self.slots, self.context, on_round=on_round)
 
-    def round(self, mode: str, group: Group) -> None:
+    def round(self, group: Group) -> None:
         """Steps 1-3 of the module docstring for one group."""
         dec, group.busy_at = group.decoder, time.monotonic()
         for job in [j for j in group.jobs.values() if j.cancelled.is_set()]:
@@ -209,7 +208,8 @@ class Scheduler:
         except Exception as e:  # a bug must not kill the server: these requests get a 500, the others go on
             for job in list(group.jobs.values()) + list(group.waiting):
                 job.events.put(("error", f"{type(e).__name__}: {e}", 500))
-            self.groups.pop(mode).decoder.close()  # its caches may be half written
+            self.groups = {m: g for m, g in self.groups.items() if g is not group}
+            group.decoder.close()  # its caches may be half written
             return
         for job in list(group.jobs.values()):
             if self.deliver(job, dec):

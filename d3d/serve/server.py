@@ -237,7 +237,7 @@ class D3DServer:
             s = self.scheduler
             try:
                 request = await self.loop.run_in_executor(self.parser, parse, req.body, chat, self.model_name,
-                                                          self.prompts, s.context, s.modes)
+                                                          self.prompts, s.context, s.modes, s.spec.mode)
             except ApiError as e:
                 return await self.send_json(conn, req, e.status, e.body(), cors)
             events = Events(self.loop)
