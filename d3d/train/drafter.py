@@ -512,7 +512,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     tok = Tokenizer.load(cfg.target)
     # The model the drafter is built from (layers, embedding, head rows): fp32 master weights,
     # compute_dtype autocasts the matmuls. The target writes the answers and verifies the τ monitor.
-    base = load_model(base_dir(cfg, tok, log), dtype="float32")
+    base = load_model(base_dir(cfg, tok, log), weights="float32")  # dense: a quantized checkpoint dequantized
     if cfg.base is None:
         target, labeller = base, labelling_model(cfg.target, base)
     else:
