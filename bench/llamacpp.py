@@ -47,6 +47,7 @@ from d3d.data.prompts import load_prompt_set
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
 
 ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d")
+SPECULATIVE = ("d3d-alone", "d3d")  # d3d's engines that need a drafter
 
 
 def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int,
@@ -123,8 +124,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     tok = d3d.load_tokenizer(args.target)
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
-    engines = tuple(e for e in ENGINES if (not e.startswith("d3d-a") or e == "d3d-ar" or drafter is not None)
-                    and (e != "d3d" or drafter is not None) and (e != "llama-spec" or args.llama_draft))
+    engines = tuple(e for e in ENGINES if (e not in SPECULATIVE or drafter is not None)
+                    and (e != "llama-spec" or args.llama_draft))
     if note:
         print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)
     weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict | None:
           f"decoded token", file=sys.stderr)
     d3d.generate(target, sets["code"][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up (kernel build, caches)
     results, equal, same_text = {s: {e: [] for e in engines} for s in sets}, 0, {s: 0 for s in sets}
-    rounds = {s: {e: [0.0, 0] for e in engines if e in ("d3d", "d3d-alone")} for s in sets}  # tokens, rounds
+    rounds = {s: {e: [0.0, 0] for e in engines if e in SPECULATIVE} for s in sets}  # tokens, rounds
     for name, prompts in sets.items():
         for i, ids in enumerate(prompts):
             text = tok.decode(ids)
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                     runs[engine] = {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,
                                     "seconds": out.stats.prefill_seconds + out.stats.decode_seconds,
                                     "ids": out.tokens[0], "text": tok.decode(out.tokens[0], skip_special_tokens=True)}
-            equal += all(runs[e]["ids"] == runs["d3d-ar"]["ids"] for e in ("d3d", "d3d-alone") if e in runs)
+            equal += all(runs[e]["ids"] == runs["d3d-ar"]["ids"] for e in SPECULATIVE if e in runs)
             same_text[name] += runs["llama-ar"]["text"].strip()[:200] == runs["d3d-ar"]["text"].strip()[:200]
             for engine, r in runs.items():
                 results[name][engine].append(r["tokens"] / r["seconds"])

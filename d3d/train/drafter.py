@@ -503,6 +503,20 @@ def trainable_parameters(model: Transformer, shared_embeddings: bool) -> list[to
     return trainable
 
 
+def training_models(cfg: DrafterTrainConfig, tok: Tokenizer, log=print) -> tuple[Transformer, Transformer, Transformer]:
+    """(base, target, labeller): the model the drafter is built from (layers, embedding, head rows; fp32
+    master weights, a quantized checkpoint dequantized: compute_dtype autocasts the matmuls), the
+    target that verifies the τ monitor, and the one that writes the answers (``labelling_model``)."""
+    base = load_model(base_dir(cfg, tok, log), weights="float32")
+    if cfg.base is None:
+        return base, base, labelling_model(cfg.target, base)
+    target = load_model(cfg.target)
+    if base.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"--base {cfg.base}: {base.cfg.vocab_size} embedding rows, the target "
+                         f"{target.cfg.vocab_size}: a drafter drafts in its target's vocabulary")
+    return base, target, target
+
+
 def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> dict:
     """Make (or reuse) the data, build the drafter (from target layers or ``--init-drafter``), train
     it with the BD3 loss under the τ monitor (``train_loop``), save it and ``train_summary.json``."""
@@ -510,16 +524,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     out.mkdir(parents=True, exist_ok=True)
     kinds = check_train_config(cfg)
     tok = Tokenizer.load(cfg.target)
-    # The model the drafter is built from (layers, embedding, head rows): fp32 master weights,
-    # compute_dtype autocasts the matmuls. The target writes the answers and verifies the τ monitor.
-    base = load_model(base_dir(cfg, tok, log), weights="float32")  # dense: a quantized checkpoint dequantized
-    if cfg.base is None:
-        target, labeller = base, labelling_model(cfg.target, base)
-    else:
-        target = labeller = load_model(cfg.target)
-        if base.cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"--base {cfg.base}: {base.cfg.vocab_size} embedding rows, the target "
-                             f"{target.cfg.vocab_size}: a drafter drafts in its target's vocabulary")
+    base, target, labeller = training_models(cfg, tok, log)
     vocab_map = init_state = None
     if cfg.init_drafter:  # checked before the data, which may take an hour to make
         init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
