@@ -501,7 +501,8 @@ def random_factored(n, k, group, g, signed):
 
 @needs_vnni
 @pytest.mark.parametrize("bits,group,M,N,K", [(4, 32, 1, 17, 256), (4, 32, 5, 40, 512), (4, 32, 9, 33, 768),
-                                             (6, 16, 1, 17, 256), (6, 16, 3, 70, 512), (6, 16, 13, 16, 1536)])
+                                             (6, 16, 1, 17, 256), (6, 16, 3, 70, 512), (6, 16, 13, 16, 1536),
+                                             (4, 32, 18, 70, 512), (6, 16, 20, 33, 768)])
 def test_factored_scales_equal_their_loop_oracle_and_stay_close(bits, group, M, N, K):
     """Two-level scales (fp16 super-block factor x int8 group factor; int4 as Q4_K, int6 as Q6_K):
     activations quantized per super-block with up to 3 more bits for quiet groups, group factors applied

@@ -73,6 +73,9 @@ struct Act {  // the quantized activations of all rows
 };
 
 constexpr int64_t SUPER = 256;  // inputs per super-block of two-level scales
+// Software prefetch: the weights this many 64-byte loads ahead in a panel (and the high bits as far in k);
+// 4 KB ahead streamed the 1.5B's matrices ~4% faster than 1 KB at 1-4 rows (docs/results/vnni-streams/).
+constexpr int64_t PREFETCH = 64;
 
 // [i][j] (4 x 16 bytes) -> [j][i] (16 lanes of 4 bytes)
 inline __m512i transpose4x16(__m512i v) {
@@ -109,7 +112,7 @@ inline void high_masks(const uint8_t* h, __mmask64& even, __mmask64& odd) {
 // Each 64-byte load of weights is unpacked once and applied to all MR rows, and each row's 4 activation
 // bytes are broadcast once for all NP panels: per row and 64 weights, one vpdpbusd.
 template <int MR, int NP, int BITS, int A>
-inline void dots(const int8_t* xq, int64_t K, const Weights& W, int64_t k0, __m512i (&I)[MR][NP]) {
+__attribute__((always_inline)) inline void dots(const int8_t* xq, int64_t K, const Weights& W, int64_t k0, __m512i (&I)[MR][NP]) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i sixteen = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
     // int6: byte u of the high bits holds, from bit 0, the even k's crumbs of transposed bytes u and u + 32,
@@ -129,7 +132,11 @@ inline void dots(const int8_t* xq, int64_t K, const Weights& W, int64_t k0, __m5
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) {
             const uint8_t* q = W.q + p * W.qstride + (BITS == 8 ? k : k / 2) * NR;
-            _mm_prefetch(reinterpret_cast<const char*>(q + 16 * 64), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH * 64), _MM_HINT_T0);
+            if constexpr (BITS == 6)
+                _mm_prefetch(reinterpret_cast<const char*>(W.h + p * W.hstride + k * 4 + PREFETCH * 32), _MM_HINT_T0);
+            if constexpr (BITS == 5)
+                _mm_prefetch(reinterpret_cast<const char*>(W.h + p * W.hstride + k * 2 + PREFETCH * 16), _MM_HINT_T0);
             const __m512i v = transpose4x16(_mm512_loadu_si512(q));
             if constexpr (BITS == 8) {
                 lo[p] = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
@@ -276,6 +283,7 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
 // registers (8 rows x 1 panel broadcast each row's activations once per panel: slower; a 9728 x 896
 // matrix: docs/results/attention-cpu/kernels.txt).
 constexpr int64_t MR_MAX = 4;
+constexpr int64_t STREAM_ROWS = 16;
 
 template <int BITS, int SC, int A>
 void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0,
@@ -293,7 +301,11 @@ void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W,
 
 template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
-    const int64_t blocks = X.K / X.A, AB = std::max<int64_t>(1, SUPER / X.A);  // activation groups per k block
+    // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), and up to 4 rows one panel at a
+    // time: the threads then read each panel front to back, fewer streams at once, which the memory system
+    // serves faster (a step of the 1.5B: 32 -> 24 ms of matmuls; docs/results/vnni-streams/). More rows take
+    // k blocks of 256 across the panel group, so that the weights of a block stay in L1 for every row tile.
+    const int64_t blocks = X.K / X.A, AB = M <= STREAM_ROWS ? blocks : std::max<int64_t>(1, SUPER / X.A);
     at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
             const int64_t p0 = gi * GROUP, npg = std::min(GROUP, P - p0);
@@ -301,7 +313,7 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
                 const int64_t a1 = std::min(blocks, a0 + AB);
                 for (int64_t m = 0; m < M;) {  // tiles of at most MR_MAX rows, as even as possible
                     const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX, mr = (left + tiles - 1) / tiles;
-                    const int64_t np = mr <= 2 ? 4 : 2;
+                    const int64_t np = M <= 4 ? 1 : mr <= 2 ? 4 : 2;
                     for (int64_t p = 0; p < npg;) {
                         const int64_t n = np <= npg - p ? np : 1;
                         int64_t cols[GROUP];

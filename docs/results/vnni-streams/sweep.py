@@ -1,0 +1,98 @@
+"""The matmuls of one decoding pass, alone: every quantized matrix of a real model multiplied once (the
+embedding table, a lookup, left out), at 1, 2, 4, 8 and 16 rows, by the VNNI kernel of this checkout and
+by the same file at another git revision, built side by side. Sweeps interleaved, medians; ms and the
+GB/s at which the matrices' bytes were read, beside the machine's read bandwidth. Both kernels must give
+the same bits (checked first).
+
+    python docs/results/vnni-streams/sweep.py qwen2.5-coder-1.5b --against 789d062 --repeats 9
+"""
+import argparse
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from d3d.cpu.quant import QuantWeight, Stacked
+from d3d.doctor import read_bandwidth_gbs
+from d3d.fetch import model_dir
+from d3d.hardware import cpu_flags
+from d3d.kernels import quant as K
+from d3d.kernels.cpp import AVX2_FLAGS
+
+ROOT = Path(__file__).resolve().parents[3]
+ROWS = (1, 2, 4, 8, 16)
+
+
+def matrices(model) -> list[QuantWeight]:
+    out = []
+    for name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if name != "embed_tokens":
+            out += [p for p in (w.parts if isinstance(w, Stacked) else [w]) if isinstance(p, QuantWeight)]
+    return out
+
+
+def kernel_args(w: QuantWeight) -> tuple:
+    e = K._EMPTY
+    return (w.q, e if w.high is None else w.high, w.scale, e if w.min is None else w.min, w.out_features,
+            w.in_features // w.scale.shape[1], 6 if w.six else w.bits, e if w.scale_d is None else w.scale_d,
+            e if w.min_d is None else w.min_d)
+
+
+def build_at(rev: str):
+    """quant_vnni.cpp (and the header it includes) as of ``rev``, built as its own extension."""
+    from torch.utils.cpp_extension import load
+
+    where = Path(tempfile.mkdtemp(prefix="vnni-"))
+    for f in ("quant_vnni.cpp", "quant_panels.h"):
+        (where / f).write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:d3d/kernels/{f}"],
+                                               check=True, capture_output=True).stdout)
+    print(f"building quant_vnni.cpp at {rev} ...", flush=True)
+    return load(name=f"vnni_at_{rev}", sources=[str(where / "quant_vnni.cpp")], extra_cflags=AVX2_FLAGS,
+                extra_ldflags=["-fopenmp"], build_directory=str(where), verbose=False)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="a fetched model's name (python -m d3d fetch NAME) or a checkpoint directory")
+    ap.add_argument("--against", default="HEAD", help="git revision of the kernel to compare with (default HEAD)")
+    ap.add_argument("--repeats", type=int, default=9, help="sweeps per (kernel, rows) (default 9)")
+    args = ap.parse_args()
+    from d3d.model.checkpoint import load_model
+
+    torch.set_grad_enabled(False)
+    path = Path(args.model) if Path(args.model).is_dir() else model_dir(args.model)
+    ws = matrices(load_model(path, weights="auto"))
+    calls = [kernel_args(w) for w in ws]
+    nbytes = sum(t.numel() * t.element_size() for a in calls for t in a if isinstance(t, torch.Tensor))
+    kernels = {"this checkout": K._load_vnni()[0], args.against: build_at(args.against)}
+    xs = {r: {k: torch.randn(r, k) for k in {w.in_features for w in ws}} for r in ROWS}
+    for w, a in zip(ws, calls):  # the same bits
+        x = xs[16][w.in_features][:5]
+        assert len({kernel.matmul(x, *a).numpy().tobytes() for kernel in kernels.values()}) == 1, w
+    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi",
+                                  "avx512_bitalg", "amx_int8"})
+    print(f"{path.name}: {len(ws)} matrices, {nbytes / 1e6:.0f} MB a pass; read bandwidth "
+          f"{read_bandwidth_gbs():.1f} GB/s; cpu flags {' '.join(flags)}", flush=True)
+    times = {(name, r): [] for name in kernels for r in ROWS}
+    for _ in range(args.repeats):
+        for name, kernel in kernels.items():
+            for r in ROWS:
+                start = time.perf_counter()
+                for w, a in zip(ws, calls):
+                    kernel.matmul(xs[r][w.in_features], *a)
+                times[name, r].append(time.perf_counter() - start)
+    for name in kernels:
+        cells = [f"{r}: {statistics.median(times[name, r]) * 1e3:6.2f} ms "
+                 f"({nbytes / statistics.median(times[name, r]) / 1e9:4.1f} GB/s)" for r in ROWS]
+        print(f"{name:14} " + "  ".join(cells))
+    print("rows r / 1 row: " + "  ".join(
+        f"{name}: " + " ".join(f"{statistics.median(times[name, r]) / statistics.median(times[name, 1]):.2f}"
+                               for r in ROWS[1:]) for name in kernels))
+
+
+if __name__ == "__main__":
+    main()
