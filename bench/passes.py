@@ -32,6 +32,7 @@ from d3d.assets import BUNDLED_TARGET, bundled
 from d3d.draft.pick import pick_drafter
 from d3d.cpu.precision import auto_dtype, resolve_dtype
 from d3d.doctor import read_bandwidth_gbs
+from d3d.fetch import resolve_model
 from d3d.model.transformer import QuantLinear
 
 from .common import interleaved, machine, markdown_table, random_model, write_json
@@ -76,7 +77,7 @@ def streamed_bytes(model) -> int:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench passes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", help="target directory (default: the bundled target)")
+    ap.add_argument("--target", help="target directory or a real model's name, fetched once (default: the bundled target)")
     ap.add_argument("--preset", help="time a random-weight model of this d3d.model.config preset instead of --target "
                                      "(e.g. qwen3-1.7b on a GPU; implies --drafter none)")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -101,7 +102,8 @@ def main(argv=None) -> dict:
     policy = auto_dtype(args.device)
     dtypes = args.dtypes or list(dict.fromkeys([policy.dtype, "float32"]))
     print(f"dtype policy: {policy.dtype} ({policy.reason})", file=sys.stderr)
-    target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
+    target_dir = Path(resolve_model(args.target, log=lambda m: print(f"bench passes: {m}", file=sys.stderr))) \
+        if args.target else bundled(BUNDLED_TARGET)
     drafter_dir = Path(args.drafter) if args.drafter not in (None, "none") and not args.preset else None
 
     runners, models = {}, {}

@@ -39,9 +39,8 @@
 // step of a panel, laid out so that two 16-bit shifts and two masks put them in bits 4-5 of the
 // transposed bytes (int6_to_panels); 6.5 bits a weight with its scales where int8 took 8.5.
 //
-// Several rows (verification's drafted tokens): a tile of up to 4 rows x 2 panels unpacks each load of
-// weights once for all its rows and broadcasts each row's activations once for both panels, so an
-// extra row costs its vpdpbusd and little else.
+// Several rows (verification's drafted tokens): a tile of up to 8 rows unpacks each load of weights once
+// for all its rows, so an extra row costs its vpdpbusd and little else.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -279,10 +278,11 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
     }
 }
 
-// Rows per tile: 4 rows x 2 panels keep 16 accumulators, 16 sums and the unpacked weights in the 32
-// registers (8 rows x 1 panel broadcast each row's activations once per panel: slower; a 9728 x 896
-// matrix: docs/results/attention-cpu/kernels.txt).
-constexpr int64_t MR_MAX = 4;
+// Rows per tile: up to 8 rows x 1 panel (or 4 x 2 where the rows split so), 16 accumulators and sums and
+// the unpacked weights in the 32 registers: each load of weights is unpacked once for 8 rows. With `dots`
+// inlined (it was not always, and 8 x 1 measured slower then: docs/results/attention-cpu/kernels.txt), 8
+// rows cost ~1.25x one row's matmuls where 4 x 2 tiles cost ~1.75x (docs/results/vnni-streams/).
+constexpr int64_t MR_MAX = 8;
 constexpr int64_t STREAM_ROWS = 16;
 
 template <int BITS, int SC, int A>
@@ -296,15 +296,17 @@ void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W,
             return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);                      \
     }
     D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1)
+    D3D_TILE(5, 1) D3D_TILE(6, 1) D3D_TILE(7, 1) D3D_TILE(8, 1)
 #undef D3D_TILE
 }
 
 template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
-    // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), and up to 4 rows one panel at a
-    // time: the threads then read each panel front to back, fewer streams at once, which the memory system
-    // serves faster (a step of the 1.5B: 32 -> 24 ms of matmuls; docs/results/vnni-streams/). More rows take
-    // k blocks of 256 across the panel group, so that the weights of a block stay in L1 for every row tile.
+    // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), one panel at a time (4 x 2 tiles
+    // only where the rows split into tiles of 3-4): each thread reads its panels front to back, fewer streams
+    // at once, which the memory system serves faster (the matmuls of a 1.5B step: 32 -> 24 ms;
+    // docs/results/vnni-streams/). More rows take k blocks of 256 across the panel group, so that the weights
+    // of a block stay in L1 for every row tile.
     const int64_t blocks = X.K / X.A, AB = M <= STREAM_ROWS ? blocks : std::max<int64_t>(1, SUPER / X.A);
     at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
@@ -313,7 +315,7 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
                 const int64_t a1 = std::min(blocks, a0 + AB);
                 for (int64_t m = 0; m < M;) {  // tiles of at most MR_MAX rows, as even as possible
                     const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX, mr = (left + tiles - 1) / tiles;
-                    const int64_t np = M <= 4 ? 1 : mr <= 2 ? 4 : 2;
+                    const int64_t np = M <= 4 || mr > 4 ? 1 : mr <= 2 ? 4 : 2;
                     for (int64_t p = 0; p < npg;) {
                         const int64_t n = np <= npg - p ? np : 1;
                         int64_t cols[GROUP];
