@@ -103,10 +103,13 @@ void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64
         }
         l[g] = hsum8(sum);
     }
-    for (int64_t g = 0; g < G; ++g)  // values: per head, 32 outputs at a time in registers, keys in order
-        for (int64_t d0 = 0; d0 < D; d0 += 32) {
-            const int64_t c = std::min<int64_t>(4, (D - d0) / 8);
-            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    // values: per head, 64 outputs at a time in registers (8 fma chains: 4 left the fma units half idle
+    // waiting on latency), keys in order
+    for (int64_t g = 0; g < G; ++g)
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+            const int64_t c = std::min<int64_t>(8, (D - d0) / 8);
+            __m256 a[8];
+            for (auto& r : a) r = _mm256_setzero_ps();
             const float* pg = s.data() + g * nv8;
             for (int64_t t = 0; t < nv; ++t) {
                 const KV* v = vc + vis[t] * D + d0;
