@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.assets import BUNDLED_DRAFTER, BUNDLED_TARGET, bundled
+from d3d.assets import BUNDLED_DRAFTER, bundled
 from d3d.cpu.precision import auto_dtype
 from d3d.data.corpus import training_corpus
 from d3d.data.prompts import PROMPT_SETS, load_prompt_set
 
-from .common import bench_spec, check_chat_sets, machine, markdown_table, write_json
+from .common import target_dir as bench_target, bench_spec, check_chat_sets, machine, markdown_table, write_json
 
 
 @torch.inference_mode()
@@ -40,7 +40,7 @@ def margin(model, prefix: list[int], a: int, b: int) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench agreement", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", help="target directory (default: bundled)")
+    ap.add_argument("--target", help="target directory or a real model's name, fetched once (default: bundled)")
     ap.add_argument("--drafter", help="drafter directory (default: bundled)")
     ap.add_argument("--dtype", default="auto", help="dtype under test (default: the policy's choice)")
     ap.add_argument("--sets", nargs="+", default=["code", "humaneval"], choices=PROMPT_SETS)
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.chat:
         check_chat_sets(ap, args.sets)
-    target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
+    target_dir = bench_target(args.target, "agreement")
     drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
     target = d3d.load_model(target_dir, dtype=args.dtype)
     reference = d3d.load_model(target_dir, dtype="float32")

@@ -5,14 +5,25 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from d3d.files import write_json as atomic_write_json
 from d3d.data.prompts import CHAT_SETS
 from d3d.decode.config import SpecConfig
+
+
+def target_dir(arg: str | None, bench: str) -> Path:
+    """A bench's ``--target``: a directory, a real model's name (fetched once, saying so on stderr), or
+    None for the bundled target."""
+    from d3d.assets import BUNDLED_TARGET, bundled
+    from d3d.fetch import resolve_model
+
+    if not arg:
+        return bundled(BUNDLED_TARGET)
+    return Path(resolve_model(arg, log=lambda m: print(f"bench {bench}: {m}", file=sys.stderr, flush=True)))
 
 
 def machine() -> dict:

@@ -28,14 +28,12 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.assets import BUNDLED_TARGET, bundled
 from d3d.draft.pick import pick_drafter
 from d3d.cpu.precision import auto_dtype, resolve_dtype
 from d3d.doctor import read_bandwidth_gbs
-from d3d.fetch import resolve_model
 from d3d.model.transformer import QuantLinear
 
-from .common import interleaved, machine, markdown_table, random_model, write_json
+from .common import target_dir as bench_target, interleaved, machine, markdown_table, random_model, write_json
 
 
 def pass_runner(model, T: int, context: int):
@@ -102,8 +100,7 @@ def main(argv=None) -> dict:
     policy = auto_dtype(args.device)
     dtypes = args.dtypes or list(dict.fromkeys([policy.dtype, "float32"]))
     print(f"dtype policy: {policy.dtype} ({policy.reason})", file=sys.stderr)
-    target_dir = Path(resolve_model(args.target, log=lambda m: print(f"bench passes: {m}", file=sys.stderr))) \
-        if args.target else bundled(BUNDLED_TARGET)
+    target_dir = bench_target(args.target, "passes")
     drafter_dir = Path(args.drafter) if args.drafter not in (None, "none") and not args.preset else None
 
     runners, models = {}, {}

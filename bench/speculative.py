@@ -36,12 +36,13 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_TARGET, bundled, models_dir
+from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, models_dir
 from d3d.data.corpus import training_corpus
 from d3d.data.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
+from d3d.draft.pick import pick_drafter
 from d3d.train.chat_data import chat_prompts
 
-from .common import bench_spec, check_chat_sets, compare_table, load_json, machine, markdown_table, write_json
+from .common import target_dir as bench_target, bench_spec, check_chat_sets, compare_table, load_json, machine, markdown_table, write_json
 
 
 BASELINES = ("ar-fp32",)  # plain decoding beside ar: not compared token for token, in "fastest ar"
@@ -125,8 +126,8 @@ def bench_set(target, drafter, prompts, args) -> dict:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", help="target directory (default: bundled)")
-    ap.add_argument("--drafter", help="drafter directory (default: bundled)")
+    ap.add_argument("--target", help="target directory or a real model's name, fetched once (default: bundled)")
+    ap.add_argument("--drafter", help="D3D drafter directory (default: the bundled drafter that fits the target)")
     ap.add_argument("--dflash", help="DFlash drafter directory for the 'dflash' mode (default: bundled, if present)")
     ap.add_argument("--sets", nargs="+", default=None, choices=PROMPT_SETS + ("explain",),
                     help="prompt sets (default: all; with --chat: humaneval mtbench; 'explain' only with --chat "
@@ -213,12 +214,15 @@ def main(argv=None) -> dict:
         args.modes.insert(0, "ar")
     if args.threads:
         torch.set_num_threads(args.threads)
-    target_dir = Path(args.target) if args.target else bundled(BUNDLED_TARGET)
-    drafter_dir = Path(args.drafter) if args.drafter else bundled(BUNDLED_DRAFTER)
+    target_dir = bench_target(args.target, "speculative")
     target = d3d.load_model(target_dir, dtype=args.dtype, device=args.device, weights=args.weights)
     tok = d3d.load_tokenizer(target_dir)
     args.stop_ids = tok.stop_token_ids() if args.chat else []
-    drafter = d3d.load_drafter(drafter_dir, target=target)
+    try:  # --drafter, or the bundled D3D drafter that fits the target
+        _, drafter, note = pick_drafter(target, "sync", args.drafter)
+    except ValueError as e:
+        ap.error(str(e))
+    drafter_dir = args.drafter or note.removeprefix("drafter: the bundled ") or f"models/{BUNDLED_DRAFTER}"
     args.datastore_dir, args.datastore = args.datastore, None
     if any("store=" in m for m in args.modes):
         if args.datastore_dir is None:

@@ -272,3 +272,21 @@ def test_bench_serve_smoke(tmp_path):
     assert [(r["mode"], r["clients"]) for r in payload["results"]] == [("sync", 1), ("sync", 2), ("ar", 1), ("ar", 2)]
     assert all(r["completed"] == 2 and not r["errors"] and r["tokens"] >= 2 for r in payload["results"])
     assert payload["rss"]["requests"] == 100 and len(payload["rss"]["samples"]) == 1
+
+
+def test_target_takes_a_directory_a_real_models_name_or_nothing(tmp_path, monkeypatch, capsys):
+    """``--target`` of passes, speculative and agreement: a directory as given, a real model's name
+    through ``d3d fetch`` (fetched once, said on stderr), nothing for the bundled target."""
+    import d3d.fetch
+    from bench.common import target_dir
+    from d3d.assets import bundled
+
+    def fake_fetch(name, log=print):
+        log(f"{name}: already converted")
+        return tmp_path / name
+
+    monkeypatch.setattr(d3d.fetch, "fetch", fake_fetch)
+    assert target_dir(None, "passes") == bundled(BUNDLED_TARGET)
+    assert target_dir(str(tmp_path), "passes") == tmp_path
+    assert target_dir("qwen2.5-coder-1.5b", "speculative") == tmp_path / "qwen2.5-coder-1.5b"
+    assert "bench speculative: qwen2.5-coder-1.5b: already converted" in capsys.readouterr().err
