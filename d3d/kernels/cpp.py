@@ -41,7 +41,7 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
 
         def say():
             said.set()
-            print(f"d3d: building the CPU matmul kernel {source.name} once (~35 s on 2 cores); cached in {where}",
+            print(f"d3d: building the CPU kernel {source.name} once (~35 s on 2 cores); cached in {where}",
                   file=sys.stderr, flush=True)
 
         timer = threading.Timer(NOTICE_AFTER_S, say)

@@ -12,7 +12,7 @@ import torch
 
 __all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_matmul_reference",
            "quant_matmul_reference", "quant_vnni_reference",
-           "quant_vnni_two_level_reference"]
+           "quant_vnni_two_level_reference", "rms_norm_reference"]
 
 
 def packed_attention_reference(
@@ -194,3 +194,17 @@ def quant_vnni_two_level_reference(x: torch.Tensor, q: torch.Tensor, f: torch.Te
                 acc = (acc.double() - M.float().double() * (dm[:, b].float() * s8).float().double()).float()
         out[r] = acc
     return out
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``glue_cpu.rms_norm`` in float64, row by row and element by element: x / sqrt(mean(x^2) + eps) * w."""
+    rows = x.double().reshape(-1, x.shape[-1])
+    out = torch.empty_like(rows)
+    for r in range(rows.shape[0]):
+        ss = 0.0
+        for v in rows[r].tolist():
+            ss += v * v
+        inv = 1.0 / math.sqrt(ss / rows.shape[1] + eps)
+        for i, v in enumerate(rows[r].tolist()):
+            out[r, i] = v * inv * (1.0 if weight is None else float(weight[i]))
+    return out.view(x.shape)

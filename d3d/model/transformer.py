@@ -24,7 +24,7 @@ from torch import nn
 from ..cpu import linear as cpu_linear
 from .cache import KVCache, PassLayout
 from .config import ModelConfig
-from ..kernels import use_triton
+from ..kernels import glue_cpu, use_triton
 from ..kernels.attention import attend_torch, packed_attention
 from ..kernels.attention_cpu import CpuPlan, attend_cpu, fits
 from ..cpu.precision import WeightsChoice
@@ -34,16 +34,20 @@ from ..cpu.quant import is_quantized, quantize
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * w over the last dim, computed in fp32 and rounded once.
 
-    On CPU, without autograd, as LayerNorm of [x, -x]: that vector has mean 0 and variance
-    mean(x^2), so the first half of LayerNorm's output (weight [w, 0]) is RMSNorm's. Why: torch's
-    CPU ``layer_norm`` is one fused kernel while ``rms_norm`` runs as a chain of small ops, which
-    shortened a bundled-target pass (docs/results.md, "Measurements behind the code").
+    On CPU, without autograd, one call of ``d3d.kernels.glue_cpu.rms_norm`` (docs/results/vnni-streams/);
+    where it is not built, as LayerNorm of [x, -x]: that vector has mean 0 and variance mean(x^2), so the
+    first half of LayerNorm's output (weight [w, 0]) is RMSNorm's (torch's CPU ``layer_norm`` is one
+    fused kernel while ``rms_norm`` runs as a chain of small ops: docs/results.md, "Measurements behind
+    the code").
     """
     d = x.shape[-1]
     if x.is_cuda or torch.is_grad_enabled():
         if weight is not None and weight.dtype != x.dtype:  # bf16 activations of fp32 weights (autocast)
             return F.rms_norm(x.float(), (d,), weight.float(), eps).to(x.dtype)
         return F.rms_norm(x, (d,), weight, eps)
+    if glue_cpu.available() and x.dtype in (torch.float32, torch.bfloat16) and (
+            weight is None or weight.dtype in (x.dtype, torch.float32)):
+        return glue_cpu.rms_norm(x, weight, eps)
     return F.layer_norm(torch.cat([x, -x], dim=-1), (2 * d,), _padded(weight), None, eps)[..., :d]
 
 
