@@ -46,3 +46,77 @@ def test_rms_norm_refuses_what_it_does_not_take():
         glue_cpu.rms_norm(torch.randn(2, 8), torch.randn(9), 1e-6)
     with pytest.raises(RuntimeError, match="weight must be contiguous"):
         glue_cpu.rms_norm(torch.randn(2, 8), torch.randn(8, dtype=torch.bfloat16), 1e-6)
+
+
+def _rope_inputs(T, H, Hkv, D, dtype, seed=0):
+    from d3d.model.transformer import rope_tables
+    from d3d.model.config import preset
+    import dataclasses
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = dataclasses.replace(preset("qwen3-tiny"), head_dim=D)
+    cos, sin = rope_tables(cfg)
+    pos = torch.randint(0, 100, (T,), generator=g)
+    qkv = (torch.randn(T, (H + 2 * Hkv) * D, generator=g) * 2).to(dtype)
+    rows, slots = torch.randint(0, 3, (T,), generator=g), torch.randperm(20, generator=g)[:T]
+    return qkv, cos[pos].contiguous(), sin[pos].contiguous(), rows, slots
+
+
+@pytest.mark.parametrize("T,H,Hkv,D,dtype", [(1, 14, 2, 64, torch.float32), (8, 12, 2, 128, torch.float32),
+                                             (5, 4, 4, 6, torch.bfloat16), (3, 6, 2, 10, torch.float32)])
+def test_rope_write_is_the_torch_path_bit_for_bit(T, H, Hkv, D, dtype):
+    """q, and k and v in the cache, are exactly what apply_rope and two cache writes give, and the oracle's."""
+    from d3d.kernels.naive import rope_write_reference
+    from d3d.model.transformer import apply_rope
+
+    qkv, cos, sin, rows, slots = _rope_inputs(T, H, Hkv, D, dtype)
+    kc, vc = torch.zeros(3, Hkv, 20, D), torch.zeros(3, Hkv, 20, D)
+    q = glue_cpu.rope_write(qkv, cos, sin, kc, vc, rows, slots, H, Hkv)
+    rot = apply_rope(qkv[:, :(H + Hkv) * D].unflatten(-1, (H + Hkv, D)), cos[:, None], sin[:, None], torch.float32)
+    assert torch.equal(q, rot[:, :H])
+    v = qkv[:, (H + Hkv) * D:].float().view(T, Hkv, D)
+    for t in range(T):
+        assert torch.equal(kc[rows[t], :, slots[t]], rot[t, H:]) and torch.equal(vc[rows[t], :, slots[t]], v[t])
+    kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(vc)
+    assert torch.equal(rope_write_reference(qkv, cos, sin, kc2, vc2, rows, slots, H, Hkv), q)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+def test_rope_write_refuses_what_it_does_not_take():
+    qkv, cos, sin, rows, slots = _rope_inputs(2, 4, 2, 8, torch.float32)
+    kc = vc = torch.zeros(3, 2, 20, 8)
+    with pytest.raises(RuntimeError, match=r"qkv must be contiguous fp32 or bf16 \[2, 64\]"):
+        glue_cpu.rope_write(qkv[:, :60], cos, sin, kc, vc, rows, slots, 4, 2)
+    with pytest.raises(RuntimeError, match="the caches must be contiguous fp32"):
+        glue_cpu.rope_write(qkv, cos, sin, kc.bfloat16(), vc.bfloat16(), rows, slots, 4, 2)
+    with pytest.raises(RuntimeError, match="token 1 goes to row 0 slot 20 of a cache of 3 rows of 20"):
+        glue_cpu.rope_write(qkv, cos, sin, kc, vc, torch.tensor([0, 0]), torch.tensor([0, 20]), 4, 2)
+    with pytest.raises(RuntimeError, match="cos and sin must be contiguous fp32"):
+        glue_cpu.rope_write(qkv, cos.double(), sin, kc, vc, rows, slots, 4, 2)
+
+
+def test_a_qwen2_pass_is_the_same_with_and_without_the_fused_ops(monkeypatch):
+    """A Qwen2-shaped model (no QK norms, q/k/v biases): prefill and a verification pass give the same
+    logits and cache through rope_write as through the torch path."""
+    import dataclasses
+
+    from d3d.model.config import preset
+    from d3d.model.transformer import Attention, Transformer
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(preset("qwen3-tiny"), qk_norm=False, attention_bias=True)
+    model = Transformer(cfg).eval().requires_grad_(False)
+    ids, more = torch.randint(0, cfg.vocab_size, (2, 11)), torch.randint(0, cfg.vocab_size, (2, 5))
+
+    def run():
+        cache = model.new_cache(2, 32)
+        with torch.no_grad():
+            return model(ids, cache=cache), model(more, cache=cache), cache.k[0].clone(), cache.v[-1].clone()
+
+    with torch.no_grad():
+        assert all(layer.self_attn.fused_rope_write(torch.zeros(2, cfg.hidden_size), torch.zeros(1))
+                   for layer in model.layers)
+    fused = run()
+    monkeypatch.setattr(Attention, "fused_rope_write", lambda self, x, k: False)
+    for a, b in zip(fused, run()):
+        assert torch.equal(a, b)

@@ -7,6 +7,12 @@
 // (d3d.model.transformer.rms_norm's fallback) still cost ~17 us a call inside a pass of the 1.5B (57 calls
 // a step; docs/results/vnni-streams/README.md). Torch reference: the fallback; loop oracle:
 // naive.rms_norm_reference (float64).
+//
+// rope_write: a pass's projected q/k/v [T, (H + 2 Hkv) D] -> q rotated [T, H, D] (fp32), and k rotated and v
+// written into the KV cache at each token's (row, slot). The rotation is apply_rope's, op for op in fp32:
+// fma(x[(d + D/2) mod D], signed_sin[d], fl(x[d] cos[d])) (torch's addcmul fuses its multiply-add on x86),
+// so the bits are those of the torch path (slices, RoPE, two cache writes: ~20 small ops a layer). Loop
+// oracle: naive.rope_write_reference.
 #include <torch/extension.h>
 
 #include <cmath>
@@ -44,7 +50,70 @@ void rms_rows(const X* x, const W* w, X* y, int64_t rows, int64_t d, float eps) 
     }
 }
 
+
+template <typename X>
+void rope_rows(const X* qkv, const float* cos, const float* sin, float* kc, float* vc, float* q, const int64_t* rows,
+               const int64_t* slots, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t Lmax) {
+    const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
+    for (int64_t t = 0; t < T; ++t) {
+        const X* x = qkv + t * width;
+        const float *c = cos + t * D, *sn = sin + t * D;
+        for (int64_t h = 0; h < H + Hkv; ++h) {  // q heads, then k heads: rotated
+            const X* xh = x + h * D;
+            float* out = h < H ? q + (t * H + h) * D : kc + ((rows[t] * Hkv + (h - H)) * Lmax + slots[t]) * D;
+            for (int64_t d = 0; d < D; ++d) {
+                out[d] = std::fma(to_float(xh[(d + half) % D]), sn[d], to_float(xh[d]) * c[d]);
+            }
+        }
+        for (int64_t j = 0; j < Hkv; ++j) {  // v heads: as they are
+            const X* xv = x + (H + Hkv + j) * D;
+            float* out = vc + ((rows[t] * Hkv + j) * Lmax + slots[t]) * D;
+            for (int64_t d = 0; d < D; ++d) out[d] = to_float(xv[d]);
+        }
+    }
+}
+
 }  // namespace
+
+// q = rope_write(qkv [T, (H + 2 Hkv) D], cos/signed_sin [T, D] fp32, k_cache/v_cache [R, Hkv, Lmax, D] fp32,
+// rows/slots [T] int64, H, Hkv), see the top
+torch::Tensor rope_write(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                         torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& rows,
+                         const torch::Tensor& slots, int64_t H, int64_t Hkv) {
+    TORCH_CHECK(cos.dim() == 2 && cos.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
+                    sin.sizes() == cos.sizes() && sin.is_contiguous() && sin.scalar_type() == torch::kFloat32 &&
+                    cos.size(1) % 2 == 0,
+                "glue_cpu.rope_write: cos and sin must be contiguous fp32 [T, D] alike with D even, got ", cos.sizes(),
+                " and ", sin.sizes());
+    const int64_t T = cos.size(0), D = cos.size(1);
+    TORCH_CHECK(H > 0 && Hkv > 0 && qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(0) == T &&
+                    qkv.size(1) == (H + 2 * Hkv) * D &&
+                    (qkv.scalar_type() == torch::kFloat32 || qkv.scalar_type() == torch::kBFloat16),
+                "glue_cpu.rope_write: qkv must be contiguous fp32 or bf16 [", T, ", ", (H + 2 * Hkv) * D, "], got ",
+                qkv.sizes(), " ", qkv.scalar_type());
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat32 &&
+                    v_cache.sizes() == k_cache.sizes() && v_cache.is_contiguous() &&
+                    v_cache.scalar_type() == torch::kFloat32 && k_cache.size(1) == Hkv && k_cache.size(3) == D,
+                "glue_cpu.rope_write: the caches must be contiguous fp32 [R, ", Hkv, ", Lmax, ", D, "] alike, got ",
+                k_cache.sizes(), " and ", v_cache.sizes());
+    for (const auto* t : {&rows, &slots})
+        TORCH_CHECK(t->dim() == 1 && t->size(0) == T && t->scalar_type() == torch::kInt64 && t->is_contiguous(),
+                    "glue_cpu.rope_write: rows and slots must be contiguous int64 [", T, "]");
+    const int64_t R = k_cache.size(0), Lmax = k_cache.size(2);
+    const int64_t *rp = rows.data_ptr<int64_t>(), *sp = slots.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t)
+        TORCH_CHECK(rp[t] >= 0 && rp[t] < R && sp[t] >= 0 && sp[t] < Lmax, "glue_cpu.rope_write: token ", t,
+                    " goes to row ", rp[t], " slot ", sp[t], " of a cache of ", R, " rows of ", Lmax);
+    auto q = torch::empty({T, H, D}, cos.options());
+    if (qkv.scalar_type() == torch::kFloat32)
+        rope_rows<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), k_cache.data_ptr<float>(),
+                         v_cache.data_ptr<float>(), q.data_ptr<float>(), rp, sp, T, H, Hkv, D, Lmax);
+    else
+        rope_rows<at::BFloat16>(qkv.data_ptr<at::BFloat16>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                                k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), q.data_ptr<float>(), rp, sp, T,
+                                H, Hkv, D, Lmax);
+    return q;
+}
 
 // y = rms_norm(x [..., d], weight [d] or empty, eps), see the top
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -75,6 +144,9 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("rope_write", &rope_write, "q rotated, k rotated and v written into the KV cache (see the top)",
+          py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"), py::arg("rows"),
+          py::arg("slots"), py::arg("H"), py::arg("Hkv"));
     m.def("rms_norm", &rms_norm, "rms_norm over the last dim, per row in fp32, rounded once (see the top)",
           py::arg("x"), py::arg("weight"), py::arg("eps"));
 }

@@ -1,8 +1,10 @@
-"""The small ops between the matmuls of a CPU decoding pass, fused (``glue_cpu.cpp``): ``rms_norm``.
+"""The small ops between the matmuls of a CPU decoding pass, fused (``glue_cpu.cpp``): ``rms_norm``, and
+``rope_write`` (RoPE on q and k, and k and v into the KV cache).
 
 Each is one call where torch runs a chain of small ops; every row is computed as alone. Torch
-reference: ``d3d.model.transformer.rms_norm``'s fallback (torch's layer_norm); loop oracle:
-``naive.rms_norm_reference``. Measured: docs/results/vnni-streams/README.md.
+references: ``d3d.model.transformer.rms_norm``'s fallback (torch's layer_norm) and ``Attention``'s torch
+path (``apply_rope``, ``PassLayout.write``: the same bits); loop oracles: ``naive.rms_norm_reference``,
+``naive.rope_write_reference``. Measured: docs/results/vnni-streams/README.md.
 """
 
 from __future__ import annotations
@@ -41,4 +43,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return module.rms_norm(x, _EMPTY if weight is None else weight, eps)
 
 
-__all__ = ["available", "why_unavailable", "rms_norm"]
+def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               rows: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """q [T, heads, D] (fp32) from a pass's projections ``qkv`` [T, (heads + 2 kv_heads) D] (fp32 or bf16),
+    rotated by ``cos``/``sin`` [T, D] (fp32, ``d3d.model.transformer.rope_tables``' rows at the tokens'
+    positions); k rotated and v written into ``k_cache``/``v_cache`` [R, kv_heads, Lmax, D] (fp32) at
+    each token's ``rows[t]``, ``slots[t]``."""
+    module, why = _load()
+    if module is None:
+        raise RuntimeError(f"d3d.kernels.glue_cpu: unavailable: {why}")
+    return module.rope_write(qkv, cos, sin, k_cache, v_cache, rows, slots, heads, kv_heads)
+
+
+__all__ = ["available", "why_unavailable", "rms_norm", "rope_write"]

@@ -12,7 +12,7 @@ import torch
 
 __all__ = ["packed_attention_reference", "bd3_training_mask_reference", "skinny_matmul_reference",
            "quant_matmul_reference", "quant_vnni_reference",
-           "quant_vnni_two_level_reference", "rms_norm_reference"]
+           "quant_vnni_two_level_reference", "rms_norm_reference", "rope_write_reference"]
 
 
 def packed_attention_reference(
@@ -208,3 +208,23 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float)
         for i, v in enumerate(rows[r].tolist()):
             out[r, i] = v * inv * (1.0 if weight is None else float(weight[i]))
     return out.view(x.shape)
+
+
+def rope_write_reference(qkv, cos, sin, k_cache, v_cache, rows, slots, heads: int, kv_heads: int) -> torch.Tensor:
+    """``glue_cpu.rope_write`` token by token and head by head, rounded to fp32 where the kernel rounds:
+    q rotated; k rotated and v written into the caches at (rows[t], slots[t])."""
+    T, D = cos.shape
+    q = torch.empty(T, heads, D)
+    x = qkv.float().view(T, heads + 2 * kv_heads, D)
+    for t in range(T):
+        for h in range(heads + kv_heads):
+            rolled = torch.cat([x[t, h, D // 2:], x[t, h, :D // 2]])
+            # fl(x cos) rounded, then its sum with rolled * sin rounded once (an fma; exact in float64 first)
+            rotated = ((x[t, h] * cos[t]).double() + rolled.double() * sin[t].double()).float()
+            if h < heads:
+                q[t, h] = rotated
+            else:
+                k_cache[rows[t], h - heads, slots[t]] = rotated
+        for j in range(kv_heads):
+            v_cache[rows[t], j, slots[t]] = x[t, heads + kv_heads + j]
+    return q

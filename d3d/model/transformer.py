@@ -172,10 +172,24 @@ class Attention(nn.Module):
         q, k = apply_rope(qk, cos, sin, qk_dtype).split([H, Hkv], dim=-2)
         return q, k, v.view(*shape, Hkv, D)
 
+    def fused_rope_write(self, x: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        """Whether ``glue_cpu.rope_write`` takes this pass's RoPE and cache writes: a packed CPU pass over an
+        fp32 cache without QK norms (Qwen2), the kernel built. It takes ~20 small ops a layer down to one
+        call with the same bits (docs/results/vnni-streams/README.md)."""
+        return (not self.cfg.qk_norm and x.dim() == 2 and x.device.type == "cpu" and k_cache.dtype == torch.float32
+                and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled()
+                and self.head_dim % 2 == 0 and glue_cpu.available())
+
     def forward(self, x, cos, sin, layout: PassLayout | None, k_cache=None, v_cache=None, attn_mask=None):
         """x: [T, d] packed (with ``layout``) or [B, S, d] dense (training: causal or ``attn_mask``)."""
         shape = x.shape[:-1]
-        q, k, v = self.qkv(x, cos, sin, None if k_cache is None else k_cache.dtype)
+        if k_cache is not None and self.fused_rope_write(x, k_cache):  # CPU decoding: one call, the same bits
+            D = self.head_dim
+            q = glue_cpu.rope_write(self.qkv_proj(x), cos.reshape(-1, D), sin.reshape(-1, D), k_cache, v_cache,
+                                    layout.write_rows, layout.slots, self.n_heads, self.n_kv)
+            k = v = None
+        else:
+            q, k, v = self.qkv(x, cos, sin, None if k_cache is None else k_cache.dtype)
         if layout is None:
             # Dense batch [B, S]: one SDPA call (the training path, autograd-friendly).
             out = F.scaled_dot_product_attention(
@@ -185,9 +199,10 @@ class Attention(nn.Module):
             out = packed_attention(q, k, v, None, None, layout.cu_seqlens, layout.cache_lens,
                                    layout.group_ids, max_seqlen=layout.max_seqlen, reach=layout.reach)
         else:
-            # Write the new K/V into the cache first, then attend to it in place (no copies).
-            layout.write(k_cache, k)
-            layout.write(v_cache, v)
+            # Write the new K/V into the cache first (unless rope_write did), then attend to it in place.
+            if k is not None:
+                layout.write(k_cache, k)
+                layout.write(v_cache, v)
             if use_triton(q):
                 out = packed_attention(q, None, None, k_cache, v_cache, layout.cu_seqlens, layout.cache_lens,
                                        layout.group_ids, cache_rows=layout.rows, max_seqlen=layout.max_seqlen,
