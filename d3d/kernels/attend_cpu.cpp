@@ -35,6 +35,23 @@ inline float hsum8(__m256 v) {  // ((0+4) + (2+6)) + ((1+5) + (3+7)): one fixed 
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+// hsum8 of 8 vectors at once: lane u = hsum8(v[u]), the same sums in the same order
+inline __m256 hsum8x8(const __m256 (&v)[8]) {
+    __m256 p[4];  // p[i]: lanes 0-3 = lo + hi of v[2i], lanes 4-7 = of v[2i + 1]
+    for (int i = 0; i < 4; ++i)
+        p[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    // (0+4)+(2+6) and (1+5)+(3+7) of each: lanes [v0 v0 v2 v2 | v1 v1 v3 v3], then of v4..v7
+    const __m256 a = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 b = _mm256_add_ps(_mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    // the two halves of each: lanes [v0 v2 v4 v6 | v1 v3 v5 v7], then in order
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // exp(x) for x <= 0 (scores minus their max), ~2 ulp: exp(x) = 2^n exp(r), r = x - n ln 2, a degree-6
 // polynomial for exp(r); 0 below -87 (and for -inf, the padding). One code path: the same bits everywhere.
 inline __m256 exp8(__m256 x) {
@@ -75,7 +92,23 @@ void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64
     alignas(32) float qf[MAX_GROUP][MAX_D];
     for (int64_t g = 0; g < G; ++g)
         for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(qf[g] + d, load8(q + g * D + d));
-    for (int64_t t = 0; t < nv; ++t) {
+    // 8 keys at a time: 8 dot products side by side, reduced together (hsum8x8: hsum8's sums, in its order)
+    const __m256 sc = _mm256_set1_ps(scale);
+    int64_t t = 0;
+    for (; t + 8 <= nv; t += 8) {
+        const KV* k[8];
+        for (int u = 0; u < 8; ++u) k[u] = kc + vis[t + u] * D;
+        for (int64_t g = 0; g < G; ++g) {
+            __m256 acc[8];
+            for (auto& a : acc) a = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 qd = _mm256_load_ps(qf[g] + d);
+                for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qd, load8(k[u] + d), acc[u]);
+            }
+            _mm256_storeu_ps(s.data() + g * nv8 + t, _mm256_mul_ps(hsum8x8(acc), sc));
+        }
+    }
+    for (; t < nv; ++t) {
         const KV* k = kc + vis[t] * D;
         for (int64_t g = 0; g < G; ++g) {
             __m256 acc = _mm256_setzero_ps();
