@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from d3d.assets import BUNDLED_TARGET, bundled
+from d3d.fetch import resolve_model
 from d3d.files import write_json as atomic_write_json
 from d3d.data.prompts import CHAT_SETS
 from d3d.decode.config import SpecConfig
@@ -18,9 +20,6 @@ from d3d.decode.config import SpecConfig
 def target_dir(arg: str | None, bench: str) -> Path:
     """A bench's ``--target``: a directory, a real model's name (fetched once, saying so on stderr), or
     None for the bundled target."""
-    from d3d.assets import BUNDLED_TARGET, bundled
-    from d3d.fetch import resolve_model
-
     if not arg:
         return bundled(BUNDLED_TARGET)
     return Path(resolve_model(arg, log=lambda m: print(f"bench {bench}: {m}", file=sys.stderr, flush=True)))

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, models_dir
+from d3d.assets import BUNDLED_DFLASH, models_dir
 from d3d.data.corpus import training_corpus
 from d3d.data.prompts import CHAT_SETS, PROMPT_SETS, heldout_prompts, load_prompt_set
 from d3d.draft.pick import pick_drafter
@@ -219,10 +219,10 @@ def main(argv=None) -> dict:
     tok = d3d.load_tokenizer(target_dir)
     args.stop_ids = tok.stop_token_ids() if args.chat else []
     try:  # --drafter, or the bundled D3D drafter that fits the target
-        _, drafter, note = pick_drafter(target, "sync", args.drafter)
+        _, drafter, _ = pick_drafter(target, "sync", args.drafter)
     except ValueError as e:
         ap.error(str(e))
-    drafter_dir = args.drafter or note.removeprefix("drafter: the bundled ") or f"models/{BUNDLED_DRAFTER}"
+    drafter_dir = drafter.model.source
     args.datastore_dir, args.datastore = args.datastore, None
     if any("store=" in m for m in args.modes):
         if args.datastore_dir is None:

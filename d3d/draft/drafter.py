@@ -326,6 +326,7 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
         raise ValueError(f"{source}: parameters not loaded: {leftover[:5]}")
+    model.source = path.resolve()  # as load_model: the directory it came from
     return Drafter(model, dcfg, vocab_map)
 
 

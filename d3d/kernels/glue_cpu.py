@@ -34,13 +34,17 @@ def why_unavailable() -> str | None:
     return _load()[1]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight over the last dim (fp32 or bf16 x on a CPU; weight of x's dtype
-    or fp32, or None), computed in fp32 per row and rounded once to x's dtype."""
+def _module():
     module, why = _load()
     if module is None:
         raise RuntimeError(f"d3d.kernels.glue_cpu: unavailable: {why}")
-    return module.rms_norm(x, _EMPTY if weight is None else weight, eps)
+    return module
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim (fp32 or bf16 x on a CPU; weight of x's dtype
+    or fp32, or None), computed in fp32 per row and rounded once to x's dtype."""
+    return _module().rms_norm(x, _EMPTY if weight is None else weight, eps)
 
 
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -49,10 +53,7 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
     rotated by ``cos``/``sin`` [T, D] (fp32, ``d3d.model.transformer.rope_tables``' rows at the tokens'
     positions); k rotated and v written into ``k_cache``/``v_cache`` [R, kv_heads, Lmax, D] (fp32) at
     each token's ``rows[t]``, ``slots[t]``."""
-    module, why = _load()
-    if module is None:
-        raise RuntimeError(f"d3d.kernels.glue_cpu: unavailable: {why}")
-    return module.rope_write(qkv, cos, sin, k_cache, v_cache, rows, slots, heads, kv_heads)
+    return _module().rope_write(qkv, cos, sin, k_cache, v_cache, rows, slots, heads, kv_heads)
 
 
 __all__ = ["available", "why_unavailable", "rms_norm", "rope_write"]

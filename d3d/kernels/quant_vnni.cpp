@@ -278,7 +278,7 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
     }
 }
 
-// Rows per tile: up to 8 rows x 1 panel (or 4 x 2 where the rows split so), 16 accumulators and sums and
+// Rows per tile: up to 8 rows x 1 panel (or 4 x 2 where more rows leave a tile of 4), 16 accumulators and sums and
 // the unpacked weights in the 32 registers: each load of weights is unpacked once for 8 rows. With `dots`
 // inlined (it was not always, and 8 x 1 measured slower then: docs/results/attention-cpu/kernels.txt), 8
 // rows cost ~1.25x one row's matmuls where 4 x 2 tiles cost ~1.75x (docs/results/vnni-streams/).
@@ -295,15 +295,15 @@ void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W,
         else                                                                                     \
             return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);                      \
     }
-    D3D_TILE(1, 4) D3D_TILE(2, 4) D3D_TILE(3, 2) D3D_TILE(4, 2) D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1)
-    D3D_TILE(5, 1) D3D_TILE(6, 1) D3D_TILE(7, 1) D3D_TILE(8, 1)
+    D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1) D3D_TILE(5, 1) D3D_TILE(6, 1) D3D_TILE(7, 1)
+    D3D_TILE(8, 1) D3D_TILE(4, 2)
 #undef D3D_TILE
 }
 
 template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
     // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), one panel at a time (4 x 2 tiles
-    // only where the rows split into tiles of 3-4): each thread reads its panels front to back, fewer streams
+    // only where more than 4 rows leave a tile of 4): each thread reads its panels front to back, fewer streams
     // at once, which the memory system serves faster (the matmuls of a 1.5B step: 32 -> 24 ms;
     // docs/results/vnni-streams/). More rows take k blocks of 256 across the panel group, so that the weights
     // of a block stay in L1 for every row tile.
@@ -315,7 +315,7 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
                 const int64_t a1 = std::min(blocks, a0 + AB);
                 for (int64_t m = 0; m < M;) {  // tiles of at most MR_MAX rows, as even as possible
                     const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX, mr = (left + tiles - 1) / tiles;
-                    const int64_t np = M <= 4 || mr > 4 ? 1 : mr <= 2 ? 4 : 2;
+                    const int64_t np = M > 4 && mr == 4 ? 2 : 1;  // past 4 rows every tile has 4-8
                     for (int64_t p = 0; p < npg;) {
                         const int64_t n = np <= npg - p ? np : 1;
                         int64_t cols[GROUP];
