@@ -24,6 +24,7 @@ bits a weight with their scales instead of int8's 8.5).
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import torch
@@ -71,6 +72,28 @@ def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tens
     _check(x, q, s, m, n, bits, h, two_level=sd is not None)
     return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
                          bits, _EMPTY if sd is None else sd, _EMPTY if md is None else md)
+
+
+def int8_macs_per_second(seconds: float = 0.05) -> float:
+    """The machine's rate of int8 multiply-adds with torch's threads: vpdpbusd on independent chains,
+    no memory (``quant_vnni.cpp``'s ``dot_probe``), best of 3. A pass of T rows through ``matmul_vnni``
+    cannot take less than T x its multiply-adds at this rate (``bench passes``' floor). Needs AVX-512 VNNI."""
+    module, why = _load_vnni()
+    if module is None:
+        raise RuntimeError(f"d3d.kernels.quant: the VNNI kernel is unavailable: {why}")
+    threads, per = torch.get_num_threads(), 12_000
+    while True:  # per thread, enough instructions for ``seconds``
+        t = time.perf_counter()
+        module.dot_probe(per)
+        if time.perf_counter() - t >= seconds / 4:
+            break
+        per *= 4
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        module.dot_probe(per)
+        best = min(best, time.perf_counter() - t)
+    return threads * per * 64 / best
 
 
 def available() -> bool:
