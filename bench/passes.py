@@ -13,6 +13,9 @@ repeat, repeats interleaved so that machine drift hits all alike; medians are re
 means the pass is bound by launching kernels rather than by running them. ``gb_s``: the bytes of the
 matrices a pass multiplies over its median time, beside the machine's read bandwidth (``read_gb_s``,
 ``d3d.doctor.read_bandwidth_gbs``): how close a step comes to streaming its weights at memory speed.
+``floor_ms`` (quantized weights on a CPU with AVX-512 VNNI): the least the pass's matmuls can take, reading
+the weights at that bandwidth or doing T rows' int8 multiply-adds at the machine's rate (``int8_macs_per_s``,
+``d3d.kernels.quant.int8_macs_per_second``), the slower; attention and the rest come on top.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import d3d
 from d3d.draft.pick import pick_drafter
 from d3d.cpu.precision import auto_dtype, resolve_dtype
 from d3d.doctor import read_bandwidth_gbs
+from d3d.kernels import quant as quant_kernel
 from d3d.model.transformer import QuantLinear
 
 from .common import target_dir as bench_target, interleaved, machine, markdown_table, random_model, write_json
@@ -61,15 +65,39 @@ def pass_runner(model, T: int, context: int):
     return run
 
 
-def streamed_bytes(model) -> int:
-    """Bytes of the matrices one pass multiplies: every linear layer's weight (quantized or dense), the
+def matrices(model) -> list:
+    """The matrices one pass multiplies, each once: every linear layer's weight (quantized or dense), the
     LM head included; not the embedding, whose lookup reads only the rows of the pass's tokens."""
-    seen, total = set(), 0
+    seen, out = set(), []
     for m in model.modules():
         if isinstance(m, (torch.nn.Linear, QuantLinear)) and id(m.weight) not in seen:
             seen.add(id(m.weight))
-            total += m.weight.nbytes
-    return total
+            out.append(m)
+    return out
+
+
+def streamed_bytes(model) -> int:
+    """Bytes of the matrices one pass multiplies (``matrices``)."""
+    return sum(m.weight.nbytes for m in matrices(model))
+
+
+def macs_per_row(model) -> int:
+    """Multiply-adds of the matrices one pass multiplies, per row."""
+    return sum(m.in_features * m.out_features for m in matrices(model))
+
+
+def floor_ms(bytes_: int, macs: int, T: int, read_gb_s: float, macs_per_s: float) -> float:
+    """The least a T-row pass of quantized matrices can take: reading their bytes at the read bandwidth or
+    their T x ``macs`` int8 multiply-adds at the machine's rate (``quant.int8_macs_per_second``), the slower."""
+    return max(bytes_ / read_gb_s / 1e6, T * macs / macs_per_s * 1e3)
+
+
+def vnni_rate(device: str, results: list[dict]) -> float | None:
+    """The machine's int8 multiply-add rate where some timed weights are quantized and run through the VNNI
+    kernel (a CPU with AVX-512 VNNI), else None."""
+    if device != "cpu" or not any(r["dtype"].startswith("int") for r in results) or not quant_kernel.vnni_available():
+        return None
+    return quant_kernel.int8_macs_per_second()
 
 
 def main(argv=None) -> dict:
@@ -125,13 +153,14 @@ def main(argv=None) -> dict:
             elif args.drafter is None and not args.preset:  # the bundled D3D drafter that fits the target
                 _, drafter, note = pick_drafter(target, None)
                 if note:
-                    print(f"bench passes: {note}; no drafter timed", file=sys.stderr)
+                    print(f"bench passes: {note}" + ("" if drafter is not None else "; no drafter timed"), file=sys.stderr)
             if drafter is not None:
                 todo["drafter"] = drafter.model
                 models["drafter"] = {"dir": str(drafter_dir or drafter.model.source or "bundled"),
                                      "parameters": drafter.num_parameters(include_shared=True)}
             for name, model in todo.items():
                 models[name]["streamed_bytes"] = streamed_bytes(model)
+                models[name]["macs_per_row"] = macs_per_row(model)
                 for T in args.T:
                     runners[(name, dt, matmul, T)] = pass_runner(model, T, args.context)
     finally:  # the choice is read when the weights are packed, at load: put it back after
@@ -154,15 +183,24 @@ def main(argv=None) -> dict:
         r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"], r["cpu_matmul"])]
         r["gb_s"] = models[r["model"]]["streamed_bytes"] / r["ms"] / 1e6
     read = read_bandwidth_gbs() if args.device == "cpu" else None
+    rate = vnni_rate(args.device, results)
+    for r in results:  # quantized weights through the VNNI kernel: the floor of their matmuls (floor_ms)
+        if rate is not None and r["dtype"].startswith("int"):
+            m = models[r["model"]]
+            r["floor_ms"] = floor_ms(m["streamed_bytes"], m["macs_per_row"], r["T"], read, rate)
     print(markdown_table(["model", "dtype", "fp32 matmul", "T", "ms (median)", "min..max", f"vs T={min(args.T)}",
-                          "weights GB/s"],
+                          "weights GB/s", "matmul floor ms"],
                          [[r["model"], r["dtype"], r["cpu_matmul"], r["T"], f"{r['ms']:.2f}",
-                           f"{r['ms_min']:.2f}..{r['ms_max']:.2f}", f"{r['vs_T1']:.2f}x", f"{r['gb_s']:.1f}"]
+                           f"{r['ms_min']:.2f}..{r['ms_max']:.2f}", f"{r['vs_T1']:.2f}x", f"{r['gb_s']:.1f}",
+                           f"{r['floor_ms']:.2f}" if "floor_ms" in r else "-"]
                           for r in results]))
     if read is not None:
         print(f"machine read bandwidth: {read:.1f} GB/s ({torch.get_num_threads()} threads, d3d.doctor.read_bandwidth_gbs)")
+    if rate is not None:
+        print(f"machine int8 multiply-adds: {rate / 1e9:.0f} G/s (vpdpbusd, d3d.kernels.quant.int8_macs_per_second); "
+              "matmul floor: the weights' bytes at the read bandwidth or T rows' multiply-adds at that rate, the slower")
     payload = {"bench": "passes", "machine": machine(), "config": vars(args), "models": models, "results": results,
-               "read_gb_s": read,
+               "read_gb_s": read, "int8_macs_per_s": rate,
                # on CUDA: host_ms close to ms means the pass is launch-bound (the GPU waits for the host)
                "cuda_graphs": "not supported by the engines yet" if args.device.startswith("cuda") else None}
     write_json(args.out, payload)

@@ -23,7 +23,8 @@ kernels: ``attention`` and ``sampling``, each a payload of its own (results = li
     ``matmul_tflops`` (the ceilings, measured on the same machine in the same run).
 passes: ``results`` = [{model, dtype, cpu_matmul, T, ms, ms_min, ms_max, vs_T1, gb_s}] (one forward pass over T new
     tokens after ``config.context`` cached ones; gb_s: the model's streamed bytes per median second), plus
-    ``models`` {name: {dir, parameters, streamed_bytes}} and ``read_gb_s`` (the machine's read bandwidth; CPU).
+    ``models`` {name: {dir, parameters, streamed_bytes, macs_per_row}} and ``read_gb_s`` (the machine's read
+    bandwidth; CPU); quantized weights on a CPU with AVX-512 VNNI add ``int8_macs_per_s`` and each row's ``floor_ms``.
 agreement: ``results`` = [{set, prompt, mode, identical}], ``summary`` {mode: {prompts, identical,
     agreement}}, ``divergences`` = [{set, prompt, mode, position, ar_token, spec_token, margin,
     margin_fp32}] (margins: {a_minus_b, top2_gap, a_is_argmax}), ``dtype``.

@@ -128,6 +128,9 @@ def report() -> list[str]:
     lines.append(f"policy    dtype auto -> {choice.dtype} ({choice.reason})")
     lines.append("kernels   (C++, built once on first use; python -m d3d build-kernels)")
     build_kernels(lambda line: lines.append(line))
+    if quant.vnni_available():  # what bounds a many-row pass of quantized weights (bench passes' floor_ms)
+        lines.append(f"  integer {quant.int8_macs_per_second() / 1e9:.0f} G int8 multiply-adds/s "
+                     f"(vpdpbusd, {torch.get_num_threads()} threads)")
     lines.append("assets")
     for name in (BUNDLED_TARGET, BUNDLED_DRAFTER, BUNDLED_DFLASH, BUNDLED_QWEN_DRAFTER):
         there = (models_dir() / name / "config.json").is_file()

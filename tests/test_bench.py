@@ -167,6 +167,13 @@ def test_passes_smoke(tmp_path):
     assert payload["machine"]["dtype_policy"]["dtype"] in ("float32", "bfloat16")
 
 
+def test_passes_floor_is_the_slower_of_memory_and_multiply_adds():
+    from bench.passes import floor_ms
+
+    assert floor_ms(400_000_000, 500_000_000, 1, 40.0, 1e12) == pytest.approx(10.0)  # 400 MB at 40 GB/s
+    assert floor_ms(400_000_000, 500_000_000, 32, 40.0, 1e12) == pytest.approx(16.0)  # 32 x 0.5 G at 1 T/s
+
+
 def test_passes_times_fp32_matmuls_side_by_side(tmp_path, monkeypatch):
     monkeypatch.delenv("D3D_CPU_MATMUL", raising=False)
     out = tmp_path / "passes.json"

@@ -194,6 +194,18 @@ def test_int8_activations_row_invariance_over_every_row_count():
     assert torch.equal(kernel.matmul_vnni(x[perm], *args), full[perm])
 
 
+@needs_vnni
+def test_dot_probe_runs_every_chain_and_its_rate_is_a_rate():
+    module, _ = kernel._load_vnni()
+    n, threads = 5, torch.get_num_threads()
+    # each of 12 chains of 16 lanes starts at its index and adds (4, 3, 2, 1) . (t + 1, 0, 0, 0) = 4 (t + 1) a step
+    assert module.dot_probe(12 * n) == sum(16 * (66 + 48 * n * (t + 1)) for t in range(threads))
+    with pytest.raises(RuntimeError, match="per_thread"):
+        module.dot_probe(-1)
+    rate = kernel.int8_macs_per_second(seconds=0.002)
+    assert 1e9 < rate < 1e15
+
+
 def test_activation_choice(monkeypatch):
     from d3d.cpu.quant import int8_activations
 
