@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from d3d.kernels import glue_cpu
-from d3d.kernels.naive import rms_norm_reference
+from d3d.kernels.naive import argmax_reference, rms_norm_reference
 
 pytestmark = pytest.mark.skipif(not glue_cpu.available(), reason=f"glue kernel unavailable: {glue_cpu.why_unavailable()}")
 
@@ -120,3 +120,43 @@ def test_a_qwen2_pass_is_the_same_with_and_without_the_fused_ops(monkeypatch):
     monkeypatch.setattr(Attention, "fused_rope_write", lambda self, x, k: False)
     for a, b in zip(fused, run()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(1, 151936), (9, 16384), (3, 1), (2, 7), (4, 33), (2, 3, 65)])
+def test_argmax_equals_its_oracle_and_torch(shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=g)
+    got = glue_cpu.argmax(x)
+    assert got.dtype == torch.int64 and got.shape == x.shape[:-1]
+    assert torch.equal(got, x.argmax(-1))
+    if x.numel() < 20_000:
+        assert torch.equal(got, argmax_reference(x))
+
+
+def test_argmax_takes_the_first_of_ties_and_of_nans_as_torch_does():
+    n = 100
+    x = torch.zeros(8, n)
+    x[0, [5, 40, 99]] = 3.0  # ties: the first
+    x[1, [37, 38]] = float("inf")
+    x[2] = float("-inf")  # all -inf: index 0
+    x[3, 70], x[3, 90], x[3, 10] = float("nan"), float("nan"), 5.0  # a NaN counts as the maximum, the first one
+    x[4, 2] = float("nan")  # in the vector part, before the maximum
+    x[5, 99] = float("nan")  # in the scalar tail
+    x[6, 64], x[6, 0] = -0.0, -1.0  # zeros of both signs tie: the first
+    x[6] = x[6] - 1.0
+    x[6, [3, 64]] = torch.tensor([-0.0, 0.0])
+    x[7, 97] = 1e-30  # the maximum in the scalar tail
+    got = glue_cpu.argmax(x)
+    assert torch.equal(got, x.argmax(-1)), (got, x.argmax(-1))
+    assert torch.equal(got, argmax_reference(x))
+    assert got.tolist()[:6] == [5, 37, 0, 70, 2, 99]
+
+
+def test_argmax_every_row_as_alone_and_named_errors():
+    x = torch.randn(13, 1000, generator=torch.Generator().manual_seed(3))
+    full = glue_cpu.argmax(x)
+    assert all(glue_cpu.argmax(x[i : i + 1]).item() == full[i].item() for i in range(13))
+    assert torch.equal(glue_cpu.argmax(x[:, ::2]), x[:, ::2].argmax(-1))  # not contiguous
+    assert torch.equal(glue_cpu.argmax(x.double()), x.double().argmax(-1))  # not fp32: torch's
+    with pytest.raises(RuntimeError, match="glue_cpu.argmax"):
+        glue_cpu._module().argmax(x.to(torch.bfloat16))

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from ..kernels import glue_cpu
+
 
 def check_sampling_args(temperature: float, top_k: int | None = None, top_p: float | None = None) -> None:
     if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
@@ -46,7 +48,7 @@ def sample_next(
 ) -> torch.Tensor:
     """logits [N, V] -> token ids [N]. temperature 0 is greedy (lowest index wins ties)."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return glue_cpu.argmax(logits)  # torch.argmax's result, in one call on a CPU
     probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 

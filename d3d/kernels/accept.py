@@ -46,7 +46,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from . import tl, triton, use_triton
+from . import glue_cpu, tl, triton, use_triton
 from .denoise import (
     STREAM_ACCEPT_RESIDUAL,
     STREAM_ACCEPT_SAMPLE,
@@ -262,7 +262,7 @@ def _accept_torch(draft, logits, q, stop, *, inv_t, keys) -> AcceptResult:
 
     if q is None:
         if inv_t is None:
-            y = x.argmax(-1)  # first maximum: the lowest index wins a tie
+            y = glue_cpu.argmax(x)  # first maximum: the lowest index wins a tie (torch.argmax's, one call on a CPU)
         else:
             y = _sample_rows_torch(x * inv_t, key_sample, n[:, None], torch.arange(B, device=dev))
         # a = number of leading matches (cumprod stops at the first mismatch).

@@ -1,10 +1,11 @@
-"""The small ops between the matmuls of a CPU decoding pass, fused (``glue_cpu.cpp``): ``rms_norm``, and
-``rope_write`` (RoPE on q and k, and k and v into the KV cache).
+"""The small ops between the matmuls of a CPU decoding pass, fused (``glue_cpu.cpp``): ``rms_norm``,
+``rope_write`` (RoPE on q and k, and k and v into the KV cache), and ``argmax`` (greedy tokens).
 
 Each is one call where torch runs a chain of small ops; every row is computed as alone. Torch
-references: ``d3d.model.transformer.rms_norm``'s fallback (torch's layer_norm) and ``Attention``'s torch
-path (``apply_rope``, ``PassLayout.write``: the same bits); loop oracles: ``naive.rms_norm_reference``,
-``naive.rope_write_reference``. Measured: docs/results/vnni-streams/README.md.
+references: ``d3d.model.transformer.rms_norm``'s fallback (torch's layer_norm), ``Attention``'s torch
+path (``apply_rope``, ``PassLayout.write``: the same bits) and ``torch.argmax``; loop oracles:
+``naive.rms_norm_reference``, ``naive.rope_write_reference``, ``naive.argmax_reference``. Measured:
+docs/results/vnni-streams/README.md, docs/results/argmax/.
 """
 
 from __future__ import annotations
@@ -56,4 +57,12 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
     return _module().rope_write(qkv, cos, sin, k_cache, v_cache, rows, slots, heads, kv_heads)
 
 
-__all__ = ["available", "why_unavailable", "rms_norm", "rope_write"]
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)``: each row's first maximum (a NaN counts as the maximum), in one call for fp32 x on a
+    CPU (torch's CPU argmax took ~12x its amax over a row of logits), torch's elsewhere."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 1 and x.shape[-1] > 0 and available():
+        return _module().argmax(x)
+    return x.argmax(-1)
+
+
+__all__ = ["available", "why_unavailable", "rms_norm", "rope_write", "argmax"]

@@ -196,6 +196,22 @@ def quant_vnni_two_level_reference(x: torch.Tensor, q: torch.Tensor, f: torch.Te
     return out
 
 
+def argmax_reference(x: torch.Tensor) -> torch.Tensor:
+    """``glue_cpu.argmax``, element by element: each row's first maximum, a NaN counting as the maximum."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = []
+    for r in range(rows.shape[0]):
+        best, at = None, 0
+        for i, v in enumerate(rows[r].tolist()):
+            if math.isnan(v):
+                at = i
+                break
+            if best is None or v > best:
+                best, at = v, i
+        out.append(at)
+    return torch.tensor(out, dtype=torch.int64).view(x.shape[:-1])
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """``glue_cpu.rms_norm`` in float64, row by row and element by element: x / sqrt(mean(x^2) + eps) * w."""
     rows = x.double().reshape(-1, x.shape[-1])
