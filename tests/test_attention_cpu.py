@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from d3d.hardware import cpu_flags
 from d3d.kernels import attention_cpu as ac
 from d3d.kernels.attention import packed_attention_torch
 from d3d.kernels.naive import packed_attention_reference
@@ -90,6 +91,34 @@ def test_pass_of_many_rows_and_sequences_is_row_invariant():
     out2 = ac.attend_cpu(q2, kc, vc, ac.cpu_plan(cu2, [cached[n] for n in order], [rows[n] for n in order], g2),
                          D ** -0.5)
     assert torch.equal(out2, torch.cat([out[cu[n]:cu[n + 1]] for n in order]))
+
+
+needs_avx512 = pytest.mark.skipif(not {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= cpu_flags(),
+                                  reason="the AVX-512 path needs avx512f/dq/vl/bw")
+
+
+@needs_avx512
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,Hkv,D", [(14, 2, 64), (12, 2, 128), (7, 7, 24), (16, 1, 40), (3, 1, 8), (6, 3, 256)])
+def test_avx512_gives_the_avx2_bits(kv_dtype, H, Hkv, D):
+    """The AVX-512 path (heads in pairs, 16 dims a register) computes the AVX2 path's sums in its order:
+    odd head counts, head dims that are not a multiple of 16, keys not a multiple of 8, a mask, bf16."""
+    q_dtype = torch.bfloat16 if kv_dtype == torch.bfloat16 and D == 40 else torch.float32
+    lens, cached, rows = [5, 1, 3], [61, 0, 13], [1, 0, 2]
+    kc, vc = cache(3, Hkv, 80, D, kv_dtype, seed=D)
+    cu, g = packed(lens, cached)
+    reach = torch.tensor([61, 62, 63, 64, 62, 0, 13, 14, 15]).int()
+    q = torch.randn(cu[-1], H, D, generator=torch.Generator().manual_seed(H)).to(q_dtype)
+    plan = ac.cpu_plan(cu, cached, rows, g, reach)
+    wide = ac.attend_cpu(q, kc, vc, plan, D ** -0.5, isa="avx512")
+    assert torch.equal(wide, ac.attend_cpu(q, kc, vc, plan, D ** -0.5, isa="avx2"))
+    assert torch.equal(wide, ac.attend_cpu(q, kc, vc, plan, D ** -0.5))  # auto: the AVX-512 path here
+
+
+def test_isa_is_named():
+    with pytest.raises(ValueError, match="isa='sse'"):
+        ac.attend_cpu(torch.zeros(1, 1, 8), torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8),
+                      ac.cpu_plan([0, 1], [2], [0], torch.tensor([2])), 1.0, isa="sse")
 
 
 def test_far_below_the_max_scores_weigh_zero():

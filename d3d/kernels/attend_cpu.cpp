@@ -13,6 +13,11 @@
 //
 // The dot product over D: 8 lanes of fma, d = l, l + 8, ..., then a fixed tree; the query heads of
 // one kv head share each key and value load. Loop oracle: naive.packed_attention_reference (float64).
+//
+// AVX-512 (where the CPU has it, or isa = 2): the same sums in the same order, twice as wide. Scores put
+// two query heads side by side (lanes 0-7 head g, 8-15 head g + 1, the key's 8 lanes in both halves), so
+// each lane runs the 8-lane code's fma chain; values run 16 output dims a register, each dim's chain over
+// the keys in order as before. The bits are the AVX2 code's (tested), in half the fma instructions.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -78,46 +83,173 @@ inline void store(at::BFloat16* p, float v) { *p = at::BFloat16(v); }  // round 
 constexpr int MAX_GROUP = 16;  // query heads per kv head
 constexpr int MAX_D = 256;
 
-template <typename Q, typename KV>
-void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64_t G, int64_t D,
-                const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale,
-                std::vector<int64_t>& vis, std::vector<float>& s) {  // vis, s: a thread's buffers
+// The visible keys of query i: j < first[i], or mask[i, j - first[i]]
+inline void visible(int64_t i, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W,
+                    std::vector<int64_t>& vis) {
     const int64_t n = nkeys[i], f = first[i];
     vis.clear();
     for (int64_t j = 0; j < n; ++j)
         if (j < f || mask[i * W + (j - f)]) vis.push_back(j);
-    const int64_t nv = static_cast<int64_t>(vis.size()), nv8 = (nv + 7) / 8 * 8;  // padded with -inf scores
-    s.assign(G * nv8, -INFINITY);
-    // scores: each visible key loaded once for the G heads
-    alignas(32) float qf[MAX_GROUP][MAX_D];
-    for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(qf[g] + d, load8(q + g * D + d));
+}
+
+// s[g, t] = scale * (q_g . k_vis[t]) for heads g0 <= g < G (AVX2), each visible key loaded once for them
+template <typename KV>
+void scores8(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t G, int64_t D, const KV* kc,
+             const std::vector<int64_t>& vis, int64_t nv8, float scale, float* s) {
+    const int64_t nv = static_cast<int64_t>(vis.size());
     // 8 keys at a time: 8 dot products side by side, reduced together (hsum8x8: hsum8's sums, in its order)
     const __m256 sc = _mm256_set1_ps(scale);
     int64_t t = 0;
     for (; t + 8 <= nv; t += 8) {
         const KV* k[8];
         for (int u = 0; u < 8; ++u) k[u] = kc + vis[t + u] * D;
-        for (int64_t g = 0; g < G; ++g) {
+        for (int64_t g = g0; g < G; ++g) {
             __m256 acc[8];
             for (auto& a : acc) a = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) {
                 const __m256 qd = _mm256_load_ps(qf[g] + d);
                 for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qd, load8(k[u] + d), acc[u]);
             }
-            _mm256_storeu_ps(s.data() + g * nv8 + t, _mm256_mul_ps(hsum8x8(acc), sc));
+            _mm256_storeu_ps(s + g * nv8 + t, _mm256_mul_ps(hsum8x8(acc), sc));
         }
     }
     for (; t < nv; ++t) {
         const KV* k = kc + vis[t] * D;
-        for (int64_t g = 0; g < G; ++g) {
+        for (int64_t g = g0; g < G; ++g) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_load_ps(qf[g] + d), load8(k + d), acc);
             s[g * nv8 + t] = hsum8(acc) * scale;
         }
     }
+}
+
+// o[g] = sum_t p[g, t] v_vis[t] for one head (AVX2): 64 outputs at a time in registers (8 fma chains: 4 left
+// the fma units half idle waiting on latency), keys in order
+template <typename KV>
+void values8(const float* pg, const KV* vc, const std::vector<int64_t>& vis, int64_t D, float* og) {
+    const int64_t nv = static_cast<int64_t>(vis.size());
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int64_t c = std::min<int64_t>(8, (D - d0) / 8);
+        __m256 a[8];
+        for (auto& r : a) r = _mm256_setzero_ps();
+        for (int64_t t = 0; t < nv; ++t) {
+            const KV* v = vc + vis[t] * D + d0;
+            const __m256 p = _mm256_set1_ps(pg[t]);
+            for (int64_t u = 0; u < c; ++u) a[u] = _mm256_fmadd_ps(p, load8(v + 8 * u), a[u]);
+        }
+        for (int64_t u = 0; u < c; ++u) _mm256_store_ps(og + d0 + 8 * u, a[u]);
+    }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw")
+
+// 8 elements from p as fp32, in both halves of a register
+inline __m512 load8x2(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+inline __m512 load8x2(const at::BFloat16* p) { return _mm512_broadcast_f32x8(load8(p)); }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// scores8 for heads g0, g0 + 1 at once: lanes 0-7 are head g0's 8 lanes, 8-15 head g0 + 1's (the same chains)
+template <typename KV>
+void scores16(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t D, const KV* kc,
+              const std::vector<int64_t>& vis, int64_t nv8, float scale, float* s) {
+    const int64_t nv = static_cast<int64_t>(vis.size());
+    __m512 qq[MAX_D / 8];
+    for (int64_t d = 0; d < D; d += 8)
+        qq[d / 8] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(qf[g0] + d)), _mm256_load_ps(qf[g0 + 1] + d), 1);
+    const __m256 sc = _mm256_set1_ps(scale);
+    float* s0 = s + g0 * nv8;
+    float* s1 = s0 + nv8;
+    int64_t t = 0;
+    for (; t + 8 <= nv; t += 8) {
+        const KV* k[8];
+        for (int u = 0; u < 8; ++u) k[u] = kc + vis[t + u] * D;
+        __m512 acc[8];
+        for (auto& a : acc) a = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+            for (int u = 0; u < 8; ++u) acc[u] = _mm512_fmadd_ps(qq[d / 8], load8x2(k[u] + d), acc[u]);
+        __m256 lo[8], hi[8];
+        for (int u = 0; u < 8; ++u) {
+            lo[u] = _mm512_castps512_ps256(acc[u]);
+            hi[u] = _mm512_extractf32x8_ps(acc[u], 1);
+        }
+        _mm256_storeu_ps(s0 + t, _mm256_mul_ps(hsum8x8(lo), sc));
+        _mm256_storeu_ps(s1 + t, _mm256_mul_ps(hsum8x8(hi), sc));
+    }
+    for (; t < nv; ++t) {
+        const KV* k = kc + vis[t] * D;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) acc = _mm512_fmadd_ps(qq[d / 8], load8x2(k + d), acc);
+        s0[t] = hsum8(_mm512_castps512_ps256(acc)) * scale;
+        s1[t] = hsum8(_mm512_extractf32x8_ps(acc, 1)) * scale;
+    }
+}
+
+// values8 for NH heads at once, 16 outputs a register (each output's chain as before); with D = 64 two heads
+// give 8 chains, as values8 keeps
+template <int NH, typename KV>
+void values16(const float* p, int64_t nv8, const KV* vc, const std::vector<int64_t>& vis, int64_t D, float* o) {
+    const int64_t nv = static_cast<int64_t>(vis.size());
+    constexpr int64_t CH = 8 / NH;  // registers per head per sweep over the keys
+    for (int64_t d0 = 0; d0 < D; d0 += 16 * CH) {
+        const int64_t c = std::min<int64_t>(CH, (D - d0) / 16);  // whole registers; a last 8 dims below
+        const bool half = c < CH && d0 + 16 * c < D;
+        __m512 a[NH][CH];
+        __m256 b[NH];
+        for (int h = 0; h < NH; ++h) {
+            for (auto& r : a[h]) r = _mm512_setzero_ps();
+            b[h] = _mm256_setzero_ps();
+        }
+        for (int64_t t = 0; t < nv; ++t) {
+            const KV* v = vc + vis[t] * D + d0;
+            for (int h = 0; h < NH; ++h) {
+                const __m512 ph = _mm512_set1_ps(p[h * nv8 + t]);
+                for (int64_t u = 0; u < c; ++u) a[h][u] = _mm512_fmadd_ps(ph, load16(v + 16 * u), a[h][u]);
+                if (half) b[h] = _mm256_fmadd_ps(_mm512_castps512_ps256(ph), load8(v + 16 * c), b[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            for (int64_t u = 0; u < c; ++u) _mm512_store_ps(o + h * MAX_D + d0 + 16 * u, a[h][u]);
+            if (half) _mm256_store_ps(o + h * MAX_D + d0 + 16 * c, b[h]);
+        }
+    }
+}
+
+#pragma GCC pop_options
+
+// out[g] = o[g] / l[g], rounded once to Q (0 without visible keys); fp32 8 at a time (the same quotients)
+inline void finish(const float (&o)[MAX_GROUP][MAX_D], const float* l, int64_t G, int64_t D, int64_t nv, float* out) {
+    for (int64_t g = 0; g < G; ++g) {
+        const __m256 lg = _mm256_set1_ps(l[g]);
+        for (int64_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(out + g * D + d, nv ? _mm256_div_ps(_mm256_load_ps(o[g] + d), lg) : _mm256_setzero_ps());
+    }
+}
+inline void finish(const float (&o)[MAX_GROUP][MAX_D], const float* l, int64_t G, int64_t D, int64_t nv,
+                   at::BFloat16* out) {
+    for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; ++d) store(out + g * D + d, nv ? o[g][d] / l[g] : 0.f);
+}
+
+template <typename Q, typename KV>
+void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64_t G, int64_t D,
+                const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale, bool wide,
+                std::vector<int64_t>& vis, std::vector<float>& s) {  // vis, s: a thread's buffers
+    visible(i, nkeys, first, mask, W, vis);
+    const int64_t nv = static_cast<int64_t>(vis.size()), nv8 = (nv + 7) / 8 * 8;  // padded with -inf scores
+    s.assign(G * nv8, -INFINITY);
+    alignas(64) float qf[MAX_GROUP][MAX_D];
+    for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(qf[g] + d, load8(q + g * D + d));
+    const int64_t pairs = wide ? G / 2 * 2 : 0;  // heads taken two at a time by the AVX-512 code
+    for (int64_t g = 0; g < pairs; g += 2) scores16(qf, g, D, kc, vis, nv8, scale, s.data());
+    scores8(qf, pairs, G, D, kc, vis, nv8, scale, s.data());
     // softmax weights, 8 keys at a time: max, exp, sum (8 lanes, then hsum8)
-    alignas(32) float o[MAX_GROUP][MAX_D];
+    alignas(64) float o[MAX_GROUP][MAX_D];
     float l[MAX_GROUP];
     for (int64_t g = 0; g < G; ++g) {
         float* sg = s.data() + g * nv8;
@@ -136,28 +268,21 @@ void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64
         }
         l[g] = hsum8(sum);
     }
-    // values: per head, 64 outputs at a time in registers (8 fma chains: 4 left the fma units half idle
-    // waiting on latency), keys in order
-    for (int64_t g = 0; g < G; ++g)
-        for (int64_t d0 = 0; d0 < D; d0 += 64) {
-            const int64_t c = std::min<int64_t>(8, (D - d0) / 8);
-            __m256 a[8];
-            for (auto& r : a) r = _mm256_setzero_ps();
-            const float* pg = s.data() + g * nv8;
-            for (int64_t t = 0; t < nv; ++t) {
-                const KV* v = vc + vis[t] * D + d0;
-                const __m256 p = _mm256_set1_ps(pg[t]);
-                for (int64_t u = 0; u < c; ++u) a[u] = _mm256_fmadd_ps(p, load8(v + 8 * u), a[u]);
-            }
-            for (int64_t u = 0; u < c; ++u) _mm256_store_ps(o[g] + d0 + 8 * u, a[u]);
-        }
-    for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d) store(out + g * D + d, nv ? o[g][d] / l[g] : 0.f);
+    int64_t g = 0;
+    if (wide && D <= 64)
+        for (; g + 2 <= G; g += 2) values16<2>(s.data() + g * nv8, nv8, vc, vis, D, o[g]);
+    for (; g < G; ++g)
+        if (wide)
+            values16<1>(s.data() + g * nv8, nv8, vc, vis, D, o[g]);
+        else
+            values8(s.data() + g * nv8, vc, vis, D, o[g]);
+    finish(o, l, G, D, nv, out);
 }
 
 template <typename Q, typename KV>
 void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc, torch::Tensor& out,
-         const int64_t* rows, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale) {
+         const int64_t* rows, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale,
+         bool wide) {
     const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = kc.size(1), G = H / Hkv;
     const int64_t Lmax = kc.size(2);
     const Q* qp = q.data_ptr<Q>();
@@ -171,7 +296,7 @@ void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& v
             const int64_t i = w / Hkv, kvh = w % Hkv;
             const int64_t base = (rows[i] * Hkv + kvh) * Lmax * D;
             attend_one<Q, KV>(qp + (i * H + kvh * G) * D, kp + base, vp + base, op + (i * H + kvh * G) * D, i, G, D,
-                              nkeys, first, mask, W, scale, vis, s);
+                              nkeys, first, mask, W, scale, wide, vis, s);
         }
     });
 }
@@ -181,7 +306,7 @@ void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& v
 // out [T, H, D] (q's dtype) = attention of q [T, H, D] over k_cache / v_cache [R, Hkv, Lmax, D] (see the top).
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                      const torch::Tensor& rows, const torch::Tensor& nkeys, const torch::Tensor& first,
-                     const torch::Tensor& mask, double scale) {
+                     const torch::Tensor& mask, double scale, int64_t isa) {
     TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.device().is_cpu() &&
                     (q.scalar_type() == torch::kFloat32 || q.scalar_type() == torch::kBFloat16),
                 "attend_cpu.attend: q must be a contiguous fp32 or bf16 CPU tensor [T, H, D], got ", q.sizes(), " ",
@@ -207,17 +332,24 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k_cache, const
                         np[i] - fp[i] <= W,
                     "attend_cpu.attend: query ", i, ": row ", rp[i], ", ", np[i], " keys, ", fp[i],
                     " before the mask do not fit ", R, " rows of ", Lmax, " and a mask of width ", W);
+    const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    TORCH_CHECK(isa >= 0 && isa <= 2 && (isa != 2 || has512),
+                "attend_cpu.attend: isa=", isa, " must be 0 (auto), 1 (AVX2) or 2 (AVX-512, on a CPU that has it)");
+    const bool wide = isa == 2 || (isa == 0 && has512);
     auto out = torch::empty_like(q);
     const bool* mp = mask.data_ptr<bool>();
     const float sc = static_cast<float>(scale);
     const bool qb = q.scalar_type() == torch::kBFloat16, kb = k_cache.scalar_type() == torch::kBFloat16;
-    if (!qb && !kb) run<float, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc);
-    if (!qb && kb) run<float, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc);
-    if (qb && !kb) run<at::BFloat16, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc);
-    if (qb && kb) run<at::BFloat16, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc);
+    if (!qb && !kb) run<float, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
+    if (!qb && kb) run<float, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
+    if (qb && !kb) run<at::BFloat16, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
+    if (qb && kb) run<at::BFloat16, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
     return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("attend", &attend, "packed attention over the KV cache, every query row computed alone (see the top)");
+    m.def("attend", &attend, "packed attention over the KV cache, every query row computed alone (see the top)",
+          py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("rows"), py::arg("nkeys"), py::arg("first"),
+          py::arg("mask"), py::arg("scale"), py::arg("isa") = 0);
 }
