@@ -61,13 +61,17 @@ using d3d_quant::Weights;
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg")
 
-struct Act {  // the quantized activations of all rows
-    const int8_t* q;      // [M, K], in the format's k order
-    const float* scale;   // [M, K / A]; two-level: [M, K / 256]
-    const int32_t* zsum;  // [M, K / A]: -z sum of qx (the weights' offset z times the row's sum)
-    const float* xsum;    // [M, K / A]: fp32 sum of x (int4's mins)
-    const int16_t* qsum;  // two-level: [M, K / A], sum of qx per group << shift (int4's mins, in pairs)
-    const int32_t* shift; // two-level: [M, K / A], 3 - e of each group (see the top)
+// The quantized activations of all rows, laid out by row tile (``tile_rows``): a tile of mr rows from row m0
+// holds its qx at q + m0 K as [K / 4][mr][4] bytes (the 4 bytes a product broadcasts, of its rows side by side)
+// and its values per group a (per span b) at m0 (K / A) + a mr + (m - m0): one pointer and constant offsets
+// for a tile, where a pointer per row left the tile's loop short of registers (~35% slower at 8 rows).
+struct Act {
+    const int8_t* q;      // [M, K] in tiles as above, each row in the format's k order
+    const float* scale;   // [M, K / A] in tiles; two-level: [M, K / 256]
+    const int32_t* zsum;  // [M, K / A] in tiles: -z sum of qx (the weights' offset z times the row's sum)
+    const float* xsum;    // [M, K / A] in tiles: fp32 sum of x (int4's mins)
+    const int16_t* qsum;  // two-level: [M, K / A] row by row, sum of qx per group << shift (int4's mins, in pairs)
+    const int32_t* shift; // two-level: [M, K / A] in tiles, 3 - e of each group (see the top)
     int64_t K, A;
 };
 
@@ -111,7 +115,7 @@ inline void high_masks(const uint8_t* h, __mmask64& even, __mmask64& odd) {
 // Each 64-byte load of weights is unpacked once and applied to all MR rows, and each row's 4 activation
 // bytes are broadcast once for all NP panels: per row and 64 weights, one vpdpbusd.
 template <int MR, int NP, int BITS, int A>
-__attribute__((always_inline)) inline void dots(const int8_t* xq, int64_t K, const Weights& W, int64_t k0, __m512i (&I)[MR][NP]) {
+__attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights& W, int64_t k0, __m512i (&I)[MR][NP]) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i sixteen = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
     // int6: byte u of the high bits holds, from bit 0, the even k's crumbs of transposed bytes u and u + 32,
@@ -159,11 +163,11 @@ __attribute__((always_inline)) inline void dots(const int8_t* xq, int64_t K, con
 #pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) {
 #pragma GCC unroll 4
-            for (int p = 0; p < NP; ++p) dot_bcast(I[m][p], lo[p], xq + m * K + k);  // int4/int5: k, k+2, k+4, k+6
+            for (int p = 0; p < NP; ++p) dot_bcast(I[m][p], lo[p], xt + k * MR + 4 * m);  // int4/int5: k, k+2, k+4, k+6
             if constexpr (BITS != 8) {
                 __m512i* odd = SPLIT ? J[m] : I[m];
 #pragma GCC unroll 4
-                for (int p = 0; p < NP; ++p) dot_bcast(odd[p], hi[p], xq + m * K + k + 4);  // the odd k
+                for (int p = 0; p < NP; ++p) dot_bcast(odd[p], hi[p], xt + (k + 4) * MR + 4 * m);  // the odd k
             }
         }
     }
@@ -184,22 +188,24 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
     for (int m = 0; m < MR; ++m)
         for (int p = 0; p < NP; ++p)
             acc[m][p] = a0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(cols[p]), y + m * ldy + p * NR);
-    const int64_t K = X.K;
+    const int64_t K = X.K, NG = K / A;
+    const int8_t* xt = X.q + m0 * K;
     for (int64_t a = a0; a < a1; ++a) {  // activation groups, in k order
+        const int64_t ia = m0 * NG + a * MR;  // the tile's values of group a
         __m512i I[MR][NP];
         for (int m = 0; m < MR; ++m) {
-            const __m512i z = _mm512_set1_epi32(X.zsum[(m0 + m) * (K / A) + a]);
+            const __m512i z = _mm512_set1_epi32(X.zsum[ia + m]);
             for (int p = 0; p < NP; ++p) I[m][p] = z;
         }
-        const int64_t k0 = a * A, g = k0 / W.group;
-        dots<MR, NP, BITS, A>(X.q + m0 * K, K, W, k0, I);
+        const int64_t k0 = a * A, g = W.group == A ? a : k0 / W.group;
+        dots<MR, NP, BITS, A>(xt, W, k0, I);
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) {
             const __m512 s = load16<SC == 1>(W.s, p * W.sstride + g * NR);
             const __m512 mn = BITS == 4 ? load16<SC == 1>(W.m, p * W.sstride + g * NR) : s;
 #pragma GCC unroll 8
             for (int m = 0; m < MR; ++m) {
-                const int64_t i = (m0 + m) * (K / A) + a;
+                const int64_t i = ia + m;
                 acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[m][p]), _mm512_mul_ps(s, _mm512_set1_ps(X.scale[i])),
                                             acc[m][p]);
                 if constexpr (BITS == 4) acc[m][p] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X.xsum[i]), acc[m][p]);
@@ -234,17 +240,17 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
         for (int64_t g = b * PER; g < (b + 1) * PER; ++g) {
             __m512i I[MR][NP];
             for (int m = 0; m < MR; ++m) {
-                const __m512i z = BITS != 4 ? _mm512_set1_epi32(X.zsum[(m0 + m) * NG + g]) : _mm512_setzero_si512();
+                const __m512i z = BITS != 4 ? _mm512_set1_epi32(X.zsum[m0 * NG + g * MR + m]) : _mm512_setzero_si512();
                 for (int p = 0; p < NP; ++p) I[m][p] = z;
             }
-            dots<MR, NP, BITS, G>(X.q + m0 * K, K, W, g * G, I);
+            dots<MR, NP, BITS, G>(X.q + m0 * K, W, g * G, I);
 #pragma GCC unroll 4
             for (int p = 0; p < NP; ++p) {
                 const __m512i fg = _mm512_cvtepi8_epi32(
                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + p * W.sstride + g * NR)));
 #pragma GCC unroll 8
                 for (int m = 0; m < MR; ++m) {
-                    const __m128i shift = _mm_cvtsi32_si128(X.shift[(m0 + m) * NG + g]);
+                    const __m128i shift = _mm_cvtsi32_si128(X.shift[m0 * NG + g * MR + m]);
                     T[m][p] = _mm512_add_epi32(T[m][p], _mm512_sll_epi32(_mm512_mullo_epi32(I[m][p], fg), shift));
                 }
             }
@@ -257,7 +263,7 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
                 for (int64_t i = 0; i < PER / 2; ++i) mp[i] = min_pairs(mf + p * W.sstride + (b * PER + 2 * i) * NR);
             for (int m = 0; m < MR; ++m) {
                 float* out = y + m * ldy + p * NR;
-                const __m512 sx = _mm512_set1_ps(X.scale[(m0 + m) * NB + b]);
+                const __m512 sx = _mm512_set1_ps(X.scale[m0 * NB + b * MR + m]);
                 __m512 acc = b == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(cols[p]), out);
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T[m][p]), _mm512_mul_ps(d, sx), acc);
                 if constexpr (BITS == 4) {
@@ -298,6 +304,13 @@ void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W,
 #undef D3D_TILE
 }
 
+// The rows of the tile that starts at row m of M: tiles of at most MR_MAX rows, as even as possible (past 4
+// rows every tile has 4-8). The activations are laid out by these tiles (Act).
+inline int64_t tile_rows(int64_t M, int64_t m) {
+    const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX;
+    return (left + tiles - 1) / tiles;
+}
+
 template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
     // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), one panel at a time (4 x 2 tiles
@@ -311,9 +324,8 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
             const int64_t p0 = gi * GROUP, npg = std::min(GROUP, P - p0);
             for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
                 const int64_t a1 = std::min(blocks, a0 + AB);
-                for (int64_t m = 0; m < M;) {  // tiles of at most MR_MAX rows, as even as possible
-                    const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX, mr = (left + tiles - 1) / tiles;
-                    const int64_t np = M > 4 && mr == 4 ? 2 : 1;  // past 4 rows every tile has 4-8
+                for (int64_t m = 0; m < M;) {
+                    const int64_t mr = tile_rows(M, m), np = M > 4 && mr == 4 ? 2 : 1;
                     for (int64_t p = 0; p < npg;) {
                         const int64_t n = np <= npg - p ? np : 1;
                         int64_t cols[GROUP];
@@ -347,11 +359,14 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, b
         for (int64_t i = 0; i < n; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(p + i)));
         return _mm512_reduce_max_ps(top);
     };
-    for (int64_t m = 0; m < M; ++m)
+    const int64_t NG = K / A;
+    for (int64_t m = 0, m0 = 0, mr = 0; m < M; ++m) {
+        if (m == m0 + mr) m0 = m, mr = tile_rows(M, m);  // the row's tile (Act)
         for (int64_t b = 0; b < K / S; ++b) {
             const float top = amax(x + m * K + b * S, S), sx = top / 127.f;
-            scale[m * (K / S) + b] = S > A ? sx * 0.125f : sx;
+            scale[m0 * (K / S) + b * mr + (m - m0)] = S > A ? sx * 0.125f : sx;
             for (int64_t a = b * (S / A); a < (b + 1) * (S / A); ++a) {
+                const int64_t ia = m0 * NG + a * mr + (m - m0);
                 const float* xa = x + m * K + a * A;
                 int e = 0;  // two-level: the group's scale sx / 2^e, e <= 3 the largest with its max * 2^e <= top
                 if (S > A)
@@ -361,25 +376,29 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, b
                 for (int64_t i = 0; i < A; i += 16) {
                     const __m512 v = _mm512_permutexvar_ps(order, _mm512_loadu_ps(xa + i));
                     const __m512i v8 = sx > 0.f ? _mm512_cvtps_epi32(_mm512_div_ps(v, vsx)) : _mm512_setzero_si512();
-                    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + m * K + a * A + i), _mm512_cvtepi32_epi8(v8));
+                    alignas(16) int32_t words[4];  // to their places in the tile: [k / 4][mr][4]
+                    _mm_store_si128(reinterpret_cast<__m128i*>(words), _mm512_cvtepi32_epi8(v8));
+                    for (int64_t j = 0; j < 4; ++j)
+                        std::memcpy(q + m0 * K + ((a * A + i) / 4 + j) * mr * 4 + (m - m0) * 4, words + j, 4);
                     sum = _mm512_add_epi32(sum, v8);
                 }
                 const int32_t total = _mm512_reduce_add_epi32(sum);
-                zsum[m * (K / A) + a] = -z * total;
-                qsum[m * (K / A) + a] = static_cast<int16_t>(total * (1 << (3 - e)));  // |.| <= 32 * 127 * 8
-                shift[m * (K / A) + a] = 3 - e;
+                zsum[ia] = -z * total;
+                qsum[m * NG + a] = static_cast<int16_t>(total * (1 << (3 - e)));  // |.| <= 32 * 127 * 8
+                shift[ia] = 3 - e;
                 if (xsums) {
                     float t = 0.f;
                     for (int64_t i = 0; i < A; ++i) t += xa[i];
-                    xsum[m * (K / A) + a] = t;
+                    xsum[ia] = t;
                 }
             }
         }
+    }
 }
 
-// The machine's rate of integer dot products, the bound of a pass with many rows: `per_thread` vpdpbusd
-// on 12 independent chains (no memory) in each of the threads; returns their checksum (so that they run).
-// At 8 rows and more a pass of the real 0.5B runs at this rate, not at the memory's (bench passes' floor).
+// The machine's rate of integer dot products, a bound on a pass with many rows: `per_thread` vpdpbusd on 12
+// independent chains (no memory) in each of the threads; returns their checksum (so that they run). The
+// tiles above run at about a third to a half of it (unpacking, scales, loads; docs/results/dot-bound/).
 int64_t dots_on_chains(int64_t per_thread) {
     const int64_t threads = at::get_num_threads();
     std::vector<int64_t> sums(threads, 0);
