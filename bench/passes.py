@@ -92,12 +92,10 @@ def floor_ms(bytes_: int, macs: int, T: int, read_gb_s: float, macs_per_s: float
     return max(bytes_ / read_gb_s / 1e6, T * macs / macs_per_s * 1e3)
 
 
-def vnni_rate(device: str, results: list[dict]) -> float | None:
-    """The machine's int8 multiply-add rate where some timed weights are quantized and run through the VNNI
-    kernel (a CPU with AVX-512 VNNI), else None."""
-    if device != "cpu" or not any(r["dtype"].startswith("int") for r in results) or not quant_kernel.vnni_available():
-        return None
-    return quant_kernel.int8_macs_per_second()
+def vnni_rate(int8: set) -> float | None:
+    """The machine's int8 multiply-add rate where some timed model multiplies int8 activations (the VNNI
+    kernel, a CPU with AVX-512 VNNI: ``int8``, the (model, dtype) pairs that do), else None."""
+    return quant_kernel.int8_macs_per_second() if int8 else None
 
 
 def main(argv=None) -> dict:
@@ -131,7 +129,7 @@ def main(argv=None) -> dict:
     target_dir = bench_target(args.target, "passes")
     drafter_dir = Path(args.drafter) if args.drafter not in (None, "none") and not args.preset else None
 
-    runners, models = {}, {}
+    runners, models, int8 = {}, {}, set()
     before = os.environ.get("D3D_CPU_MATMUL")
     matmuls = args.cpu_matmul or [before or "auto"]
     try:
@@ -159,6 +157,8 @@ def main(argv=None) -> dict:
                 models["drafter"] = {"dir": str(drafter_dir or drafter.model.source or "bundled"),
                                      "parameters": drafter.num_parameters(include_shared=True)}
             for name, model in todo.items():
+                if model.int8_activations:  # its matmuls have a floor (floor_ms)
+                    int8.add((name, dt))
                 models[name]["streamed_bytes"] = streamed_bytes(model)
                 models[name]["macs_per_row"] = macs_per_row(model)
                 for T in args.T:
@@ -183,9 +183,9 @@ def main(argv=None) -> dict:
         r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"], r["cpu_matmul"])]
         r["gb_s"] = models[r["model"]]["streamed_bytes"] / r["ms"] / 1e6
     read = read_bandwidth_gbs() if args.device == "cpu" else None
-    rate = vnni_rate(args.device, results)
+    rate = vnni_rate(int8)
     for r in results:  # quantized weights through the VNNI kernel: the floor of their matmuls (floor_ms)
-        if rate is not None and r["dtype"].startswith("int"):
+        if (r["model"], r["dtype"]) in int8:
             m = models[r["model"]]
             r["floor_ms"] = floor_ms(m["streamed_bytes"], m["macs_per_row"], r["T"], read, rate)
     print(markdown_table(["model", "dtype", "fp32 matmul", "T", "ms (median)", "min..max", f"vs T={min(args.T)}",

@@ -112,7 +112,6 @@ def test_avx512_gives_the_avx2_bits(kv_dtype, H, Hkv, D):
     plan = ac.cpu_plan(cu, cached, rows, g, reach)
     wide = ac.attend_cpu(q, kc, vc, plan, D ** -0.5, isa="avx512")
     assert torch.equal(wide, ac.attend_cpu(q, kc, vc, plan, D ** -0.5, isa="avx2"))
-    assert torch.equal(wide, ac.attend_cpu(q, kc, vc, plan, D ** -0.5))  # auto: the AVX-512 path here
 
 
 def test_isa_is_named():

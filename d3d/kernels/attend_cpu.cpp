@@ -221,20 +221,6 @@ void values16(const float* p, int64_t nv8, const KV* vc, const std::vector<int64
 
 #pragma GCC pop_options
 
-// out[g] = o[g] / l[g], rounded once to Q (0 without visible keys); fp32 8 at a time (the same quotients)
-inline void finish(const float (&o)[MAX_GROUP][MAX_D], const float* l, int64_t G, int64_t D, int64_t nv, float* out) {
-    for (int64_t g = 0; g < G; ++g) {
-        const __m256 lg = _mm256_set1_ps(l[g]);
-        for (int64_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(out + g * D + d, nv ? _mm256_div_ps(_mm256_load_ps(o[g] + d), lg) : _mm256_setzero_ps());
-    }
-}
-inline void finish(const float (&o)[MAX_GROUP][MAX_D], const float* l, int64_t G, int64_t D, int64_t nv,
-                   at::BFloat16* out) {
-    for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d) store(out + g * D + d, nv ? o[g][d] / l[g] : 0.f);
-}
-
 template <typename Q, typename KV>
 void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64_t G, int64_t D,
                 const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale, bool wide,
@@ -276,7 +262,8 @@ void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64
             values16<1>(s.data() + g * nv8, nv8, vc, vis, D, o[g]);
         else
             values8(s.data() + g * nv8, vc, vis, D, o[g]);
-    finish(o, l, G, D, nv, out);
+    for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; ++d) store(out + g * D + d, nv ? o[g][d] / l[g] : 0.f);
 }
 
 template <typename Q, typename KV>

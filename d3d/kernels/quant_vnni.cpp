@@ -64,8 +64,8 @@ using d3d_quant::Weights;
 // The quantized activations of all rows, laid out by row tile (``tile_rows``): a tile of mr rows from row m0
 // holds its qx at q + m0 K as [K / 4][mr][4] bytes (the 4 bytes a product broadcasts, of its rows side by side)
 // and its values per group a (per span b) at m0 (K / A) + a mr + (m - m0): one pointer and constant offsets
-// for a tile, where a pointer per row left the tile's loop short of registers (the matmuls of a pass at 8-16
-// rows 4-8% faster this way; docs/results/dot-bound/).
+// for a tile, where each product recomputed its row's address (the matmuls of a pass at 8-16 rows 4-8% faster
+// this way; docs/results/dot-bound/).
 struct Act {
     const int8_t* q;      // [M, K] in tiles as above, each row in the format's k order
     const float* scale;   // [M, K / A] in tiles; two-level: [M, K / 256]
