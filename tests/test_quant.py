@@ -181,16 +181,43 @@ def test_int8_activations_equal_their_loop_oracle_and_stay_close(bits, half, M, 
     assert (got - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
+def vnni_format(fmt, n, k, g):
+    """A random matrix of one format the VNNI kernel takes: matmul_vnni's arguments after x, and the loop
+    oracle's (naive.quant_vnni_reference) after x. ``fmt``: int8/int5/int4 with fp16 or fp32 group scales
+    (``int5-32``, ...), or two-level as Q4_K (``q4k``) and Q6_K (``q6k``)."""
+    P = kernel.to_panels
+    if fmt in ("q4k", "q6k"):
+        bits, group = (4, 32) if fmt == "q4k" else (6, 16)
+        q = random_format(4, n, k, group, g)[0] if bits == 4 else torch.randint(-32, 32, (n, k), dtype=torch.int8,
+                                                                                  generator=g)
+        weights = (P(q), None) if bits == 4 else kernel.int6_to_panels(q)
+        s = random_factored(n, k, group, g, signed=bits == 6)
+        m = random_factored(n, k, group, g, signed=False) if bits == 4 else None
+        args = (weights[0], P(s.f), None if m is None else P(m.f), n, bits, weights[1], P(s.d.half()),
+                None if m is None else P(m.d.half()))
+        return args, (q, s.f, None if m is None else m.f, 4 if bits == 4 else 8, None, s.d, None if m is None else m.d)
+    bits, width = int(fmt[3]), int(fmt.split("-")[1])
+    q, s, m, h = random_format(bits, n, k, 32, g, half=width == 16)
+    args = (P(q), P(s), None if m is None else P(m), n, bits, None if h is None else kernel.bits_to_panels(h, n))
+    return args, (q, s.float(), None if m is None else m.float(), bits, h)
+
+
 @needs_vnni
-def test_int8_activations_row_invariance_over_every_row_count():
+@pytest.mark.parametrize("fmt", ["int8-16", "int8-32", "int5-16", "int4-16", "int4-32", "q4k", "q6k"])
+def test_int8_activations_row_invariance_over_every_row_count(fmt):
+    """Any row count (tiles of 1-16 rows, in two halves past 8; more rows in several tiles) gives each row the
+    bits it gets alone, and the loop oracle's; N = 40 ends in a part panel, K = 512 is two super-blocks."""
+    from d3d.kernels.naive import quant_vnni_reference
+
     g = torch.Generator().manual_seed(7)
-    x = torch.randn(20, 896, generator=g)
-    q, s, m, h = random_format(5, 200, 896, 32, g, half=True)
-    args = (kernel.to_panels(q), kernel.to_panels(s), None, 200, 5, kernel.bits_to_panels(h, 200))
+    x = torch.randn(40, 512, generator=g)
+    x[3, :100] *= 30  # loud and quiet groups in one row
+    args, oracle = vnni_format(fmt, 40, 512, g)
     full = kernel.matmul_vnni(x, *args)
-    for M in range(1, 21):
+    assert torch.equal(full, quant_vnni_reference(x, *oracle))
+    for M in range(1, 40):
         assert torch.equal(kernel.matmul_vnni(x[:M], *args), full[:M]), M
-    perm = torch.randperm(20, generator=g)
+    perm = torch.randperm(40, generator=g)
     assert torch.equal(kernel.matmul_vnni(x[perm], *args), full[perm])
 
 

@@ -39,8 +39,8 @@
 // step of a panel, laid out so that two 16-bit shifts and two masks put them in bits 4-5 of the
 // transposed bytes (int6_to_panels); 6.5 bits a weight with its scales where int8 took 8.5.
 //
-// Several rows (verification's drafted tokens): a tile of up to 8 rows unpacks each load of weights once
-// for all its rows, so an extra row costs its vpdpbusd and little else.
+// Several rows (verification's drafted tokens): a tile of up to 16 rows, in halves of up to 8, unpacks each
+// load of weights once a half and streams it from memory once, so an extra row costs its vpdpbusd and little else.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -112,109 +112,104 @@ inline void high_masks(const uint8_t* h, __mmask64& even, __mmask64& odd) {
     odd = _mm512_bitshuffle_epi64_mask(_mm512_broadcastq_epi64(_mm_unpackhi_epi64(halves, halves)), ctl);
 }
 
-// The integer sums of MR rows x NP panels over one activation group k0 .. k0 + A: I += (q + z) qx.
-// Each 64-byte load of weights is unpacked once and applied to all MR rows, and each row's 4 activation
-// bytes are broadcast once for all NP panels: per row and 64 weights, one vpdpbusd.
-template <int MR, int NP, int BITS, int A>
-__attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights& W, int64_t k0, __m512i (&I)[MR][NP]) {
+// The integer sums of MR rows x one panel over one activation group k0 .. k0 + A: I += (q + z) qx.
+// Each 64-byte load of weights is unpacked once and applied to all MR rows: per row and 64 weights, one
+// vpdpbusd. xt: the first row's activations in a tile of LD rows (Act).
+template <int MR, int BITS, int A, int LD = MR, bool PF = true>
+__attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights& W, int64_t k0, __m512i (&I)[MR]) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i sixteen = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
     // int6: byte u of the high bits holds, from bit 0, the even k's crumbs of transposed bytes u and u + 32,
     // then the odd k's: shifted per 16-bit lane into bits 4-5 of bytes 0-31 and 32-63 (int6_to_panels)
     const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    // int4/int5 in small tiles: the odd k's sums apart (two dependency chains per output, not one; in
-    // the 4 x 2 tile that spills registers)
-    constexpr bool SPLIT = BITS != 8 && MR * NP <= 4;
-    __m512i J[MR][NP];
+    // int4/int5 in small tiles: the odd k's sums apart (two dependency chains per output, not one)
+    constexpr bool SPLIT = BITS != 8 && MR <= 4;
+    __m512i J[MR];
     if constexpr (SPLIT)
-        for (int m = 0; m < MR; ++m)
-            for (int p = 0; p < NP; ++p) J[m][p] = _mm512_setzero_si512();
+        for (int m = 0; m < MR; ++m) J[m] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int64_t k = k0; k < k0 + A; k += (BITS == 8 ? 4 : 8)) {
-        __m512i lo[NP], hi[NP];  // int8: lo only
-#pragma GCC unroll 4
-        for (int p = 0; p < NP; ++p) {
-            const uint8_t* q = W.q + p * W.qstride + (BITS == 8 ? k : k / 2) * NR;
+        const uint8_t* q = W.q + (BITS == 8 ? k : k / 2) * NR;
+        if constexpr (PF) {
             _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH * 64), _MM_HINT_T0);
             if constexpr (BITS == 6)
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + p * W.hstride + k * 4 + PREFETCH * 32), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 4 + PREFETCH * 32), _MM_HINT_T0);
             if constexpr (BITS == 5)
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + p * W.hstride + k * 2 + PREFETCH * 16), _MM_HINT_T0);
-            const __m512i v = transpose4x16(_mm512_loadu_si512(q));
-            if constexpr (BITS == 8) {
-                lo[p] = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
-            } else {
-                lo[p] = _mm512_and_si512(v, low4);
-                hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                if constexpr (BITS == 6) {  // 32 bytes of high two bits, laid out for the transposed bytes
-                    const __m512i c = _mm512_broadcast_i64x4(
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(W.h + p * W.hstride + k * 4)));
-                    lo[p] = _mm512_ternarylogic_epi32(_mm512_sllv_epi16(c, shl), bits45, lo[p], 0xEA);  // (a & b) | c
-                    hi[p] = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(c, shr), bits45, hi[p], 0xEA);
-                }
-                if constexpr (BITS == 5) {
-                    __mmask64 even, odd;
-                    high_masks(W.h + p * W.hstride + k * 2, even, odd);  // 4 words: k pairs k/2 .. k/2 + 3
-                    lo[p] = _mm512_mask_add_epi8(lo[p], even, lo[p], sixteen);
-                    hi[p] = _mm512_mask_add_epi8(hi[p], odd, hi[p], sixteen);
-                }
+                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 2 + PREFETCH * 16), _MM_HINT_T0);
+        }
+        const __m512i v = transpose4x16(_mm512_loadu_si512(q));
+        __m512i lo, hi;  // int8: lo only
+        if constexpr (BITS == 8) {
+            lo = _mm512_xor_si512(v, sign);  // q + 128 as unsigned bytes
+        } else {
+            lo = _mm512_and_si512(v, low4);
+            hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if constexpr (BITS == 6) {  // 32 bytes of high two bits, laid out for the transposed bytes
+                const __m512i c = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(W.h + k * 4)));
+                lo = _mm512_ternarylogic_epi32(_mm512_sllv_epi16(c, shl), bits45, lo, 0xEA);  // (a & b) | c
+                hi = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(c, shr), bits45, hi, 0xEA);
+            }
+            if constexpr (BITS == 5) {
+                __mmask64 even, odd;
+                high_masks(W.h + k * 2, even, odd);  // 4 words: k pairs k/2 .. k/2 + 3
+                lo = _mm512_mask_add_epi8(lo, even, lo, sixteen);
+                hi = _mm512_mask_add_epi8(hi, odd, hi, sixteen);
             }
         }
 #pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) {
-#pragma GCC unroll 4
-            for (int p = 0; p < NP; ++p) dot_bcast(I[m][p], lo[p], xt + k * MR + 4 * m);  // int4/int5: k, k+2, k+4, k+6
-            if constexpr (BITS != 8) {
-                __m512i* odd = SPLIT ? J[m] : I[m];
-#pragma GCC unroll 4
-                for (int p = 0; p < NP; ++p) dot_bcast(odd[p], hi[p], xt + (k + 4) * MR + 4 * m);  // the odd k
-            }
+            dot_bcast(I[m], lo, xt + k * LD + 4 * m);  // int4/int5: k, k+2, k+4, k+6
+            if constexpr (BITS != 8) dot_bcast(SPLIT ? J[m] : I[m], hi, xt + (k + 4) * LD + 4 * m);  // the odd k
         }
     }
     if constexpr (SPLIT)
-        for (int m = 0; m < MR; ++m)
-            for (int p = 0; p < NP; ++p) I[m][p] = _mm512_add_epi32(I[m][p], J[m][p]);
+        for (int m = 0; m < MR; ++m) I[m] = _mm512_add_epi32(I[m], J[m]);
 }
 
 inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
-// MR rows x NP panels over activation groups a0 .. a1, one scale (and int4 min) per group and row
-// applied in fp32 (see the top). Integer sums start from -z sum qx (the same integers).
+// Rows R0 .. R0 + R of an MR-row tile over activation group a (ia: the tile's values of the group), one scale
+// (and int4 min) per group and row applied in fp32 (see the top). Integer sums start from -z sum qx. PF: this
+// pass prefetches the weights ahead (the first over the group; the second finds them in L1).
+template <int R0, int R, int MR, int BITS, int SC, int A, bool PF>
+__attribute__((always_inline)) inline void group_rows(const Act& X, const int8_t* xt, int64_t ia, const Weights& W,
+                                                      int64_t a, __m512 (&acc)[MR]) {
+    const int64_t k0 = a * A, g = W.group == A ? a : k0 / W.group;
+    __m512i I[R];
+    for (int m = 0; m < R; ++m) I[m] = _mm512_set1_epi32(X.zsum[ia + R0 + m]);
+    dots<R, BITS, A, MR, PF>(xt + 4 * R0, W, k0, I);
+    const __m512 s = load16<SC == 1>(W.s, g * NR);
+    const __m512 mn = BITS == 4 ? load16<SC == 1>(W.m, g * NR) : s;
+#pragma GCC unroll 8
+    for (int m = 0; m < R; ++m) {
+        const int64_t i = ia + R0 + m;
+        acc[R0 + m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[m]), _mm512_mul_ps(s, _mm512_set1_ps(X.scale[i])), acc[R0 + m]);
+        if constexpr (BITS == 4) acc[R0 + m] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X.xsum[i]), acc[R0 + m]);
+    }
+}
+
+// Rows a pass over the weights takes at most: the integer sums of 8 rows, their fp32 accumulators and the
+// unpacked weights fill the 32 registers. A tile of more rows (up to MR_MAX) runs in two halves that share
+// each group's weights, the second half reading them from L1: a 16-row pass streams each panel from memory
+// once, where two tiles of 8 rows had each streamed it (docs/results/row-halves/).
+constexpr int HALF = 8;
+
+// MR rows x one panel (col of its columns valid) over activation groups a0 .. a1, in two halves past HALF rows.
 // SC: how the scales are held: 0 fp32, 1 fp16.
-template <int MR, int NP, int BITS, int SC, int A>
-void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1,
-          const int64_t* cols) {
-    __m512 acc[MR][NP];
-    for (int m = 0; m < MR; ++m)
-        for (int p = 0; p < NP; ++p)
-            acc[m][p] = a0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(cols[p]), y + m * ldy + p * NR);
-    const int64_t K = X.K, NG = K / A;
-    const int8_t* xt = X.q + m0 * K;
+template <int MR, int BITS, int SC, int A>
+void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1, int64_t col) {
+    constexpr int H0 = MR > HALF ? (MR + 1) / 2 : MR;
+    __m512 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = a0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(col), y + m * ldy);
+    const int64_t NG = X.K / A;
+    const int8_t* xt = X.q + m0 * X.K;
     for (int64_t a = a0; a < a1; ++a) {  // activation groups, in k order
         const int64_t ia = m0 * NG + a * MR;  // the tile's values of group a
-        __m512i I[MR][NP];
-        for (int m = 0; m < MR; ++m) {
-            const __m512i z = _mm512_set1_epi32(X.zsum[ia + m]);
-            for (int p = 0; p < NP; ++p) I[m][p] = z;
-        }
-        const int64_t k0 = a * A, g = W.group == A ? a : k0 / W.group;
-        dots<MR, NP, BITS, A>(xt, W, k0, I);
-#pragma GCC unroll 4
-        for (int p = 0; p < NP; ++p) {
-            const __m512 s = load16<SC == 1>(W.s, p * W.sstride + g * NR);
-            const __m512 mn = BITS == 4 ? load16<SC == 1>(W.m, p * W.sstride + g * NR) : s;
-#pragma GCC unroll 8
-            for (int m = 0; m < MR; ++m) {
-                const int64_t i = ia + m;
-                acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[m][p]), _mm512_mul_ps(s, _mm512_set1_ps(X.scale[i])),
-                                            acc[m][p]);
-                if constexpr (BITS == 4) acc[m][p] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X.xsum[i]), acc[m][p]);
-            }
-        }
+        group_rows<0, H0, MR, BITS, SC, A, true>(X, xt, ia, W, a, acc);
+        if constexpr (MR > H0) group_rows<H0, MR - H0, MR, BITS, SC, A, false>(X, xt, ia, W, a, acc);
     }
-    for (int m = 0; m < MR; ++m)
-        for (int p = 0; p < NP; ++p) _mm512_mask_storeu_ps(y + m * ldy + p * NR, first(cols[p]), acc[m][p]);
+    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy, first(col), acc[m]);
 }
 
 // int4's mins of a super-block: the int8 factors of groups g, g + 1 of one panel as 16 lanes of int16
@@ -225,88 +220,85 @@ inline __m512i min_pairs(const int8_t* f) {
     return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
 }
 
-// Two-level scales: MR rows x NP panels over super-blocks b0 .. b1 (see the top). The group factors
+// Two-level scales: rows R0 .. R0 + R of an MR-row tile over super-block b (see the top). The group factors
 // apply in integers; the fp32 accumulators live in y (one load and store per super-block).
-template <int MR, int NP, int BITS, int G>
-void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t b0, int64_t b1,
-             const int64_t* cols) {
+template <int R0, int R, int MR, int BITS, int G, bool PF>
+__attribute__((always_inline)) inline void block_rows(const Act& X, int64_t m0, const Weights& W, float* y,
+                                                      int64_t ldy, int64_t b, int64_t col) {
     constexpr int64_t PER = SUPER / G;  // groups per super-block
     const int64_t K = X.K, NG = K / G, NB = K / SUPER;
     const int8_t* f = static_cast<const int8_t*>(W.s);
     const int8_t* mf = static_cast<const int8_t*>(W.m);
-    for (int64_t b = b0; b < b1; ++b) {
-        __m512i T[MR][NP];
-        for (int m = 0; m < MR; ++m)
-            for (int p = 0; p < NP; ++p) T[m][p] = _mm512_setzero_si512();
-        for (int64_t g = b * PER; g < (b + 1) * PER; ++g) {
-            __m512i I[MR][NP];
-            for (int m = 0; m < MR; ++m) {
-                const __m512i z = BITS != 4 ? _mm512_set1_epi32(X.zsum[m0 * NG + g * MR + m]) : _mm512_setzero_si512();
-                for (int p = 0; p < NP; ++p) I[m][p] = z;
-            }
-            dots<MR, NP, BITS, G>(X.q + m0 * K, W, g * G, I);
-#pragma GCC unroll 4
-            for (int p = 0; p < NP; ++p) {
-                const __m512i fg = _mm512_cvtepi8_epi32(
-                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + p * W.sstride + g * NR)));
+    __m512i T[R];
+    for (int m = 0; m < R; ++m) T[m] = _mm512_setzero_si512();
+    for (int64_t g = b * PER; g < (b + 1) * PER; ++g) {
+        const int64_t ig = m0 * NG + g * MR + R0;  // the rows' values of group g
+        __m512i I[R];
+        for (int m = 0; m < R; ++m) I[m] = BITS != 4 ? _mm512_set1_epi32(X.zsum[ig + m]) : _mm512_setzero_si512();
+        dots<R, BITS, G, MR, PF>(X.q + m0 * K + 4 * R0, W, g * G, I);
+        const __m512i fg = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + g * NR)));
 #pragma GCC unroll 8
-                for (int m = 0; m < MR; ++m) {
-                    const __m128i shift = _mm_cvtsi32_si128(X.shift[m0 * NG + g * MR + m]);
-                    T[m][p] = _mm512_add_epi32(T[m][p], _mm512_sll_epi32(_mm512_mullo_epi32(I[m][p], fg), shift));
-                }
-            }
+        for (int m = 0; m < R; ++m) {
+            const __m128i shift = _mm_cvtsi32_si128(X.shift[ig + m]);
+            T[m] = _mm512_add_epi32(T[m], _mm512_sll_epi32(_mm512_mullo_epi32(I[m], fg), shift));
         }
-        for (int p = 0; p < NP; ++p) {
-            const int64_t j = p * W.dstride + b * NR;
-            const __m512 d = load16<true>(W.sd, j);
-            __m512i mp[PER / 2];
-            if constexpr (BITS == 4)
-                for (int64_t i = 0; i < PER / 2; ++i) mp[i] = min_pairs(mf + p * W.sstride + (b * PER + 2 * i) * NR);
-            for (int m = 0; m < MR; ++m) {
-                float* out = y + m * ldy + p * NR;
-                const __m512 sx = _mm512_set1_ps(X.scale[m0 * NB + b * MR + m]);
-                __m512 acc = b == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(cols[p]), out);
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T[m][p]), _mm512_mul_ps(d, sx), acc);
-                if constexpr (BITS == 4) {
-                    const int16_t* qs = X.qsum + (m0 + m) * NG + b * PER;
-                    __m512i M = _mm512_setzero_si512();
-                    for (int64_t i = 0; i < PER / 2; ++i) {
-                        int32_t pair;
-                        std::memcpy(&pair, qs + 2 * i, 4);
-                        M = _mm512_dpwssd_epi32(M, mp[i], _mm512_set1_epi32(pair));
-                    }
-                    acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(load16<true>(W.md, j), sx), acc);
-                }
-                _mm512_mask_storeu_ps(out, first(cols[p]), acc);
+    }
+    const __m512 d = load16<true>(W.sd, b * NR);
+    __m512i mp[PER / 2];
+    if constexpr (BITS == 4)
+        for (int64_t i = 0; i < PER / 2; ++i) mp[i] = min_pairs(mf + (b * PER + 2 * i) * NR);
+    for (int m = 0; m < R; ++m) {
+        float* out = y + (R0 + m) * ldy;
+        const __m512 sx = _mm512_set1_ps(X.scale[m0 * NB + b * MR + R0 + m]);
+        __m512 acc = b == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(col), out);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T[m]), _mm512_mul_ps(d, sx), acc);
+        if constexpr (BITS == 4) {
+            const int16_t* qs = X.qsum + (m0 + R0 + m) * NG + b * PER;
+            __m512i M = _mm512_setzero_si512();
+            for (int64_t i = 0; i < PER / 2; ++i) {
+                int32_t pair;
+                std::memcpy(&pair, qs + 2 * i, 4);
+                M = _mm512_dpwssd_epi32(M, mp[i], _mm512_set1_epi32(pair));
             }
+            acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(load16<true>(W.md, b * NR), sx), acc);
         }
+        _mm512_mask_storeu_ps(out, first(col), acc);
     }
 }
 
-// Rows per tile: up to 8 rows x 1 panel (or 4 x 2 where more rows leave a tile of 4), 16 accumulators and sums and
-// the unpacked weights in the 32 registers: each load of weights is unpacked once for 8 rows. With `dots`
-// inlined (it was not always, and 8 x 1 measured slower then: docs/results/attention-cpu/kernels.txt), 8
-// rows cost ~1.25x one row's matmuls where 4 x 2 tiles cost ~1.75x (docs/results/vnni-streams/).
-constexpr int64_t MR_MAX = 8;
+// Two-level scales: MR rows x one panel over super-blocks b0 .. b1, in two halves past HALF rows.
+template <int MR, int BITS, int G>
+void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t b0, int64_t b1, int64_t col) {
+    constexpr int H0 = MR > HALF ? (MR + 1) / 2 : MR;
+    for (int64_t b = b0; b < b1; ++b) {
+        block_rows<0, H0, MR, BITS, G, true>(X, m0, W, y, ldy, b, col);
+        if constexpr (MR > H0) block_rows<H0, MR - H0, MR, BITS, G, false>(X, m0, W, y, ldy, b, col);
+    }
+}
+
+// Rows per tile: up to 16, in halves of at most HALF rows (tile). With `dots` inlined (it was not always, and
+// 8 x 1 measured slower then: docs/results/attention-cpu/kernels.txt), 8 rows cost ~1.25x one row's matmuls
+// where 4 x 2 tiles had cost ~1.75x (docs/results/vnni-streams/).
+constexpr int64_t MR_MAX = 16;
 constexpr int64_t STREAM_ROWS = 16;
 
 template <int BITS, int SC, int A>
-void tile_of(int64_t mr, int64_t np, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0,
-             int64_t a1, const int64_t* cols) {
-#define D3D_TILE(R, P)                                                                           \
-    if (mr == R && np == P) {                                                                    \
-        if constexpr (SC == 2)                                                                   \
-            return tile_sb<R, P, BITS, A>(X, m0, W, y, ldy, a0 * A / SUPER, a1 * A / SUPER, cols); \
-        else                                                                                     \
-            return tile<R, P, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, cols);                      \
+void tile_of(int64_t mr, const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1,
+             int64_t col) {
+#define D3D_TILE(R)                                                                           \
+    if (mr == R) {                                                                            \
+        if constexpr (SC == 2)                                                                \
+            return tile_sb<R, BITS, A>(X, m0, W, y, ldy, a0 * A / SUPER, a1 * A / SUPER, col); \
+        else                                                                                  \
+            return tile<R, BITS, SC, A>(X, m0, W, y, ldy, a0, a1, col);                       \
     }
-    D3D_TILE(1, 1) D3D_TILE(2, 1) D3D_TILE(3, 1) D3D_TILE(4, 1) D3D_TILE(5, 1) D3D_TILE(6, 1) D3D_TILE(7, 1)
-    D3D_TILE(8, 1) D3D_TILE(4, 2)
+    D3D_TILE(1) D3D_TILE(2) D3D_TILE(3) D3D_TILE(4) D3D_TILE(5) D3D_TILE(6) D3D_TILE(7) D3D_TILE(8)
+    D3D_TILE(9) D3D_TILE(10) D3D_TILE(11) D3D_TILE(12) D3D_TILE(13) D3D_TILE(14) D3D_TILE(15) D3D_TILE(16)
 #undef D3D_TILE
 }
 
-// The rows of the tile that starts at row m of M: tiles of at most MR_MAX rows, as even as possible (past 4
-// rows every tile has 4-8). The activations are laid out by these tiles (Act).
+// The rows of the tile that starts at row m of M: tiles of at most MR_MAX rows, as even as possible (past 16
+// rows every tile has 9-16). The activations are laid out by these tiles (Act).
 inline int64_t tile_rows(int64_t M, int64_t m) {
     const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX;
     return (left + tiles - 1) / tiles;
@@ -314,8 +306,7 @@ inline int64_t tile_rows(int64_t M, int64_t m) {
 
 template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
-    // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), one panel at a time (4 x 2 tiles
-    // only where more than 4 rows leave a tile of 4): each thread reads its panels front to back, fewer streams
+    // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), one panel at a time: each thread reads its panels front to back, fewer streams
     // at once, which the memory system serves faster (the matmuls of a 1.5B step: 32 -> 24 ms;
     // docs/results/vnni-streams/). More rows take k blocks of 256 across the panel group, so that the weights
     // of a block stay in L1 for every row tile.
@@ -326,17 +317,14 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
             for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
                 const int64_t a1 = std::min(blocks, a0 + AB);
                 for (int64_t m = 0; m < M;) {
-                    const int64_t mr = tile_rows(M, m), np = M > 4 && mr == 4 ? 2 : 1;
-                    for (int64_t p = 0; p < npg;) {
-                        const int64_t n = np <= npg - p ? np : 1;
-                        int64_t cols[GROUP];
-                        for (int64_t i = 0; i < n; ++i) cols[i] = std::min(NR, N - (p0 + p + i) * NR);
+                    const int64_t mr = tile_rows(M, m);
+                    for (int64_t p = 0; p < npg; ++p) {
+                        const int64_t col = std::min(NR, N - (p0 + p) * NR);
                         const Weights W = W0.at(p0 + p);
                         if (X.A == 16)
-                            tile_of<BITS, SC, 16>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
+                            tile_of<BITS, SC, 16>(mr, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, col);
                         else
-                            tile_of<BITS, SC, 32>(mr, n, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, cols);
-                        p += n;
+                            tile_of<BITS, SC, 32>(mr, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, col);
                     }
                     m += mr;
                 }
