@@ -128,8 +128,10 @@ __attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights&
     __m512i J[MR];
     if constexpr (SPLIT)
         for (int m = 0; m < MR; ++m) J[m] = _mm512_setzero_si512();
+    constexpr int STEP = BITS == 8 ? 4 : 8;  // k a load of weights covers
 #pragma GCC unroll 8
-    for (int64_t k = k0; k < k0 + A; k += (BITS == 8 ? 4 : 8)) {
+    for (int j = 0; j < A / STEP; ++j) {
+        const int64_t k = k0 + j * STEP;
         const uint8_t* q = W.q + (BITS == 8 ? k : k / 2) * NR;
         if constexpr (PF) {
             _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH * 64), _MM_HINT_T0);
