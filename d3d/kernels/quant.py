@@ -266,18 +266,21 @@ def matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | 
 _EMPTY = torch.empty(0)
 
 
-def matmul_packed(x, q, h, s, m, n, bits, int8_activations: bool = False, sd=None, md=None):
-    """``matmul`` (or ``matmul_vnni`` with ``int8_activations``, two-level scales ``sd``/``md`` too)
-    without the Python checks, for ``d3d.cpu.quant.QuantWeight`` (which made the panels; ~170 calls a
-    pass): the extension still checks every shape."""
-    h, m, group = _EMPTY if h is None else h, _EMPTY if m is None else m, x.shape[1] // s.shape[1]
+def bound(q, h, s, m, n, group, bits, int8_activations: bool = False, sd=None, md=None):
+    """``matmul`` (or ``matmul_vnni`` with ``int8_activations``, two-level scales ``sd``/``md`` too) of one
+    matrix, as a function of x [M, K] contiguous fp32, without the Python checks: for
+    ``d3d.cpu.quant.QuantWeight``, which made the panels (~120 calls a pass, where building the arguments
+    each call had cost ~1 us). The extension still checks every shape."""
+    h, m = _EMPTY if h is None else h, _EMPTY if m is None else m
     if int8_activations:
-        return _load_vnni()[0].matmul(x, q, h, s, m, n, group, bits, _EMPTY if sd is None else sd,
-                                      _EMPTY if md is None else md)
-    return _load()[0].matmul(x, q, h, s, m, n, group, bits, 0)
+        call, args = _load_vnni()[0].matmul, (q, h, s, m, n, group, bits, _EMPTY if sd is None else sd,
+                                               _EMPTY if md is None else md)
+    else:
+        call, args = _load()[0].matmul, (q, h, s, m, n, group, bits, 0)
+    return lambda x: call(x, *args)
 
 
 __all__ = ["available", "why_unavailable", "vnni_available", "why_vnni_unavailable", "matmul", "matmul_vnni",
-           "matmul_packed", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels", "int6_to_panels",
+           "bound", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels", "int6_to_panels",
            "int6_from_panels", "pack_nibbles", "unpack_nibbles", "unpack_bits", "pack_bits", "dequantize", "PANEL",
            "ISAS"]
