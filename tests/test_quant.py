@@ -415,6 +415,27 @@ def test_bundled_pair_quantized_is_lossless(fmt, activations, monkeypatch):
 
 
 @needs_kernel
+def test_embedding_lookup_keeps_rows_and_gives_the_dequantized_ones():
+    """QuantEmbedding keeps the rows it dequantized: every lookup equals dequantizing its ids, through repeats,
+    a full store starting over, a lookup of more distinct ids than it keeps, and a new matrix swapped in."""
+    from d3d.cpu.quant import quantize
+    from d3d.model.transformer import QuantEmbedding
+
+    g = torch.Generator().manual_seed(0)
+    first, second = (quantize(torch.randn(50, 64, generator=g), fmt) for fmt in ("int4", "int8"))
+    emb = QuantEmbedding(first)
+    emb.KEPT = 6
+    lookups = [[1, 2, 3], [3, 3, 4], [5, 6, 7, 8], [[5, 6], [9, 5]], [5, 10, 11], list(range(10)), [2], [49, 0, 49]]
+    for ids in lookups:
+        ids = torch.tensor(ids)
+        assert torch.equal(emb(ids), first.dequantize(ids.reshape(-1)).view(*ids.shape, 64)), ids
+        assert len(emb._slot) <= 6
+    emb.weight = second
+    ids = torch.tensor([1, 2, 3])
+    assert torch.equal(emb(ids), second.dequantize(ids))
+
+
+@needs_kernel
 def test_quantized_matrices_are_modules_swapped_in(tmp_path, monkeypatch):
     """Each quantized matrix is a ``QuantLinear`` put where its ``Linear`` was (the bias kept, no weight
     Parameter left): ``state_dict`` holds the rest as before, and the logits are the dense model's on the
