@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
     target_dir = bench_target(args.target, "passes")
     drafter_dir = Path(args.drafter) if args.drafter not in (None, "none") and not args.preset else None
 
-    runners, models, int8 = {}, {}, set()
+    runners, models, int8, sizes = {}, {}, set(), {}
     before = os.environ.get("D3D_CPU_MATMUL")
     matmuls = args.cpu_matmul or [before or "auto"]
     try:
@@ -159,7 +159,7 @@ def main(argv=None) -> dict:
             for name, model in todo.items():
                 if model.int8_activations:  # its matmuls have a floor (floor_ms)
                     int8.add((name, dt))
-                models[name]["streamed_bytes"] = streamed_bytes(model)
+                sizes[(name, dt, matmul)] = streamed_bytes(model)  # per configuration: dtypes and formats differ
                 models[name]["macs_per_row"] = macs_per_row(model)
                 for T in args.T:
                     runners[(name, dt, matmul, T)] = pass_runner(model, T, args.context)
@@ -181,13 +181,13 @@ def main(argv=None) -> dict:
     base = {(r["model"], r["dtype"], r["cpu_matmul"]): r["ms"] for r in results if r["T"] == min(args.T)}
     for r in results:
         r["vs_T1"] = r["ms"] / base[(r["model"], r["dtype"], r["cpu_matmul"])]
-        r["gb_s"] = models[r["model"]]["streamed_bytes"] / r["ms"] / 1e6
+        r["streamed_bytes"] = sizes[(r["model"], r["dtype"], r["cpu_matmul"])]
+        r["gb_s"] = r["streamed_bytes"] / r["ms"] / 1e6
     read = read_bandwidth_gbs() if args.device == "cpu" else None
     rate = vnni_rate(int8)
     for r in results:  # quantized weights through the VNNI kernel: the floor of their matmuls (floor_ms)
         if (r["model"], r["dtype"]) in int8:
-            m = models[r["model"]]
-            r["floor_ms"] = floor_ms(m["streamed_bytes"], m["macs_per_row"], r["T"], read, rate)
+            r["floor_ms"] = floor_ms(r["streamed_bytes"], models[r["model"]]["macs_per_row"], r["T"], read, rate)
     print(markdown_table(["model", "dtype", "fp32 matmul", "T", "ms (median)", "min..max", f"vs T={min(args.T)}",
                           "weights GB/s", "matmul floor ms"],
                          [[r["model"], r["dtype"], r["cpu_matmul"], r["T"], f"{r['ms']:.2f}",

@@ -21,9 +21,10 @@ kernels: ``attention`` and ``sampling``, each a payload of its own (results = li
     case, method, ms (median, min, max) and TFLOP/s with the share of the measured matmul peak, or
     GB/s with the share of the measured copy bandwidth), plus ``copy_bandwidth_gb_s`` and
     ``matmul_tflops`` (the ceilings, measured on the same machine in the same run).
-passes: ``results`` = [{model, dtype, cpu_matmul, T, ms, ms_min, ms_max, vs_T1, gb_s}] (one forward pass over T new
-    tokens after ``config.context`` cached ones; gb_s: the model's streamed bytes per median second), plus
-    ``models`` {name: {dir, parameters, streamed_bytes, macs_per_row}} and ``read_gb_s`` (the machine's read
+passes: ``results`` = [{model, dtype, cpu_matmul, T, ms, ms_min, ms_max, vs_T1, streamed_bytes, gb_s}] (one forward
+    pass over T new tokens after ``config.context`` cached ones; streamed_bytes: the matrices' bytes as that row's
+    configuration holds them; gb_s: those per median second), plus
+    ``models`` {name: {dir, parameters, macs_per_row}} and ``read_gb_s`` (the machine's read
     bandwidth; CPU); quantized weights on a CPU with AVX-512 VNNI add ``int8_macs_per_s`` and each row's ``floor_ms``.
 agreement: ``results`` = [{set, prompt, mode, identical}], ``summary`` {mode: {prompts, identical,
     agreement}}, ``divergences`` = [{set, prompt, mode, position, ar_token, spec_token, margin,
@@ -66,7 +67,8 @@ def _check(obj: dict, fields: dict, where: str) -> None:
             raise ValueError(f"{where}.{key}: expected {typ}, got {type(obj[key]).__name__}")
 
 
-PASS_ROW = {"model": str, "dtype": str, "T": int, "ms": NUM, "ms_min": NUM, "ms_max": NUM, "vs_T1": NUM, "gb_s": NUM}
+PASS_ROW = {"model": str, "dtype": str, "T": int, "ms": NUM, "ms_min": NUM, "ms_max": NUM, "vs_T1": NUM,
+            "streamed_bytes": int, "gb_s": NUM}
 PARITY_ROW = {"prompt": str, "prompt_tokens": int, "max_abs_logit_diff": NUM, "argmax_agree": bool,
               "greedy_tokens": int, "greedy_identical": bool}
 

@@ -167,6 +167,18 @@ def test_passes_smoke(tmp_path):
     assert payload["machine"]["dtype_policy"]["dtype"] in ("float32", "bfloat16")
 
 
+def test_passes_each_configuration_reads_its_own_bytes(tmp_path):
+    """Several dtypes in one run: each row's GB/s is over the bytes its own configuration holds (the last
+    one's had served them all)."""
+    out = tmp_path / "passes.json"
+    bench_main(["passes", "--preset", "qwen3-tiny", "--T", "1", "--repeats", "2", "--dtypes", "float32", "bfloat16",
+                "--out", str(out)])
+    rows = {r["dtype"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["float32"]["streamed_bytes"] == 2 * rows["bfloat16"]["streamed_bytes"]
+    for r in rows.values():
+        assert r["gb_s"] == pytest.approx(r["streamed_bytes"] / r["ms"] / 1e6)
+
+
 def test_passes_floor_is_the_slower_of_memory_and_multiply_adds():
     from bench.passes import floor_ms
 
