@@ -197,11 +197,14 @@ __attribute__((always_inline)) inline void group_rows(const Act& X, const int8_t
 // once, where two tiles of 8 rows had each streamed it (docs/results/row-halves/).
 constexpr int HALF = 8;
 
+// The rows of a tile's first half: all MR up to HALF, else the larger half.
+constexpr int first_half(int MR) { return MR > HALF ? (MR + 1) / 2 : MR; }
+
 // MR rows x one panel (col of its columns valid) over activation groups a0 .. a1, in two halves past HALF rows.
 // SC: how the scales are held: 0 fp32, 1 fp16.
 template <int MR, int BITS, int SC, int A>
 void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1, int64_t col) {
-    constexpr int H0 = MR > HALF ? (MR + 1) / 2 : MR;
+    constexpr int H0 = first_half(MR);
     __m512 acc[MR];
     for (int m = 0; m < MR; ++m) acc[m] = a0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(col), y + m * ldy);
     const int64_t NG = X.K / A;
@@ -271,7 +274,7 @@ __attribute__((always_inline)) inline void block_rows(const Act& X, int64_t m0, 
 // Two-level scales: MR rows x one panel over super-blocks b0 .. b1, in two halves past HALF rows.
 template <int MR, int BITS, int G>
 void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t b0, int64_t b1, int64_t col) {
-    constexpr int H0 = MR > HALF ? (MR + 1) / 2 : MR;
+    constexpr int H0 = first_half(MR);
     for (int64_t b = b0; b < b1; ++b) {
         block_rows<0, H0, MR, BITS, G, true>(X, m0, W, y, ldy, b, col);
         if constexpr (MR > H0) block_rows<H0, MR - H0, MR, BITS, G, false>(X, m0, W, y, ldy, b, col);
