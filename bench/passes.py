@@ -94,8 +94,9 @@ def floor_ms(bytes_: int, macs: int, T: int, read_gb_s: float, macs_per_s: float
 
 def vnni_rate(int8: set) -> float | None:
     """The machine's int8 multiply-add rate where some timed model multiplies int8 activations (the VNNI
-    kernel, a CPU with AVX-512 VNNI: ``int8``, the (model, dtype) pairs that do), else None."""
-    return quant_kernel.int8_macs_per_second() if int8 else None
+    kernel, a CPU with AVX-512 VNNI: ``int8``, the (model, dtype) pairs that do), else None (no probe for the
+    AVX2 kernel)."""
+    return quant_kernel.int8_macs_per_second() if int8 and quant_kernel.vnni_available() else None
 
 
 def main(argv=None) -> dict:

@@ -151,21 +151,45 @@ needs_vnni = pytest.mark.skipif(not kernel.vnni_available(),
                                 reason=f"VNNI kernel unavailable: {kernel.why_vnni_unavailable()}")
 
 
+needs_maddubs = pytest.mark.skipif(kernel._load_maddubs()[0] is None,
+                                   reason=f"AVX2 int8 kernel unavailable: {kernel._load_maddubs()[1]}")
+# The int8-activation kernels: the same arguments, the same bits (int5 is read by VNNI's only)
+INT8_KERNELS = {"vnni": (kernel.matmul_vnni, needs_vnni), "avx2": (kernel.matmul_maddubs, needs_maddubs)}
+
+
+def int8_cases(cases, bits_of=lambda case: case[0]):
+    """``cases`` x the int8-activation kernels that read them, as pytest params (the kernel first)."""
+    return [pytest.param(fn, *case, marks=mark, id=f"{name}-{'-'.join(map(str, case))}")
+            for name, (fn, mark) in INT8_KERNELS.items() for case in cases
+            if not (name == "avx2" and bits_of(case) == 5)]
+
+
 def test_vnni_builds_where_the_cpu_and_a_compiler_allow():
-    if kernel.VNNI_FLAGS <= hardware.cpu_flags() and shutil.which("c++") and shutil.which("ninja"):
+    compiler = shutil.which("c++") and shutil.which("ninja")
+    if kernel.VNNI_FLAGS <= hardware.cpu_flags() and compiler:
         assert kernel.vnni_available(), kernel.why_vnni_unavailable()
     else:
         assert not kernel.vnni_available()
+    if {"avx2", "fma", "f16c"} <= hardware.cpu_flags() and compiler:
+        assert kernel.int8_available() and kernel._load_maddubs()[0] is not None, kernel.why_int8_unavailable()
 
 
-@needs_vnni
-@pytest.mark.parametrize("bits,half,M,N,K,group", [
+@needs_maddubs
+def test_avx2_int8_kernel_refuses_int5_by_name():
+    g = torch.Generator().manual_seed(1)
+    q, s, m, h = random_format(5, 16, 64, 32, g)
+    with pytest.raises(ValueError, match="int5 is not read by the AVX2 kernel"):
+        kernel.matmul_maddubs(torch.randn(1, 64), kernel.to_panels(q), kernel.to_panels(s), None, 16, 5,
+                              kernel.bits_to_panels(h, 16))
+
+
+@pytest.mark.parametrize("matmul,bits,half,M,N,K,group", int8_cases([
     (bits, half, *shape) for bits in (8, 5, 4) for half in (False, True)
     for shape in [(1, 17, 64, 32), (3, 33, 96, 32), (5, 70, 512, 64), (9, 100, 640, 32), (13, 40, 64, 16),
-                  (2, 37, 288, 288)]])
-def test_int8_activations_equal_their_loop_oracle_and_stay_close(bits, half, M, N, K, group):
-    """The VNNI kernel: bit for bit its oracle (activations quantized per row and group, exact integer
-    sums); every row as alone; within ~1% of the fp32-activation product (random inputs)."""
+                  (2, 37, 288, 288)]]))
+def test_int8_activations_equal_their_loop_oracle_and_stay_close(matmul, bits, half, M, N, K, group):
+    """The int8-activation kernels (VNNI, AVX2): bit for bit their oracle (activations quantized per row and
+    group, exact integer sums); every row as alone; within ~1% of the fp32-activation product (random inputs)."""
     from d3d.kernels.naive import quant_vnni_reference
 
     g = torch.Generator().manual_seed(M * 100 + N + K + bits)
@@ -173,10 +197,10 @@ def test_int8_activations_equal_their_loop_oracle_and_stay_close(bits, half, M, 
     q, s, m, h = random_format(bits, N, K, group, g, half)
     args = (kernel.to_panels(q), kernel.to_panels(s), None if m is None else kernel.to_panels(m), N, bits,
             None if h is None else kernel.bits_to_panels(h, N))
-    got = kernel.matmul_vnni(x, *args)
+    got = matmul(x, *args)
     assert torch.equal(got, quant_vnni_reference(x, q, s, m, bits, h))
     for i in range(M):
-        assert torch.equal(kernel.matmul_vnni(x[i:i + 1], *args), got[i:i + 1]), i
+        assert torch.equal(matmul(x[i:i + 1], *args), got[i:i + 1]), i
     exact = x @ kernel.dequantize(q, s, m, bits, h).T
     assert (got - exact).abs().max() <= 0.02 * exact.abs().max()
 
@@ -202,10 +226,11 @@ def vnni_format(fmt, n, k, g):
     return args, (q, s.float(), None if m is None else m.float(), bits, h)
 
 
-@needs_vnni
-@pytest.mark.parametrize("fmt", ["int8-16", "int8-32", "int5-16", "int4-16", "int4-32", "q4k", "q6k"])
-def test_int8_activations_row_invariance_over_every_row_count(fmt):
-    """Any row count (tiles of 1-16 rows, in two halves past 8; more rows in several tiles) gives each row the
+@pytest.mark.parametrize("matmul,fmt", int8_cases([(f,) for f in ["int8-16", "int8-32", "int5-16", "int4-16",
+                                                                   "int4-32", "q4k", "q6k"]],
+                                                    bits_of=lambda case: 5 if case[0].startswith("int5") else 0))
+def test_int8_activations_row_invariance_over_every_row_count(matmul, fmt):
+    """Any row count (tiles of 1-16 rows, in halves or chunks; more rows in several tiles) gives each row the
     bits it gets alone, and the loop oracle's; N = 40 ends in a part panel, K = 512 is two super-blocks."""
     from d3d.kernels.naive import quant_vnni_reference
 
@@ -213,12 +238,12 @@ def test_int8_activations_row_invariance_over_every_row_count(fmt):
     x = torch.randn(40, 512, generator=g)
     x[3, :100] *= 30  # loud and quiet groups in one row
     args, oracle = vnni_format(fmt, 40, 512, g)
-    full = kernel.matmul_vnni(x, *args)
+    full = matmul(x, *args)
     assert torch.equal(full, quant_vnni_reference(x, *oracle))
     for M in range(1, 40):
-        assert torch.equal(kernel.matmul_vnni(x[:M], *args), full[:M]), M
+        assert torch.equal(matmul(x[:M], *args), full[:M]), M
     perm = torch.randperm(40, generator=g)
-    assert torch.equal(kernel.matmul_vnni(x[perm], *args), full[perm])
+    assert torch.equal(matmul(x[perm], *args), full[perm])
 
 
 @needs_vnni
@@ -239,7 +264,7 @@ def test_activation_choice(monkeypatch):
     monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "fp32")
     assert not int8_activations(896, 32)
     monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "auto")
-    assert int8_activations(896, 32) == kernel.vnni_available()
+    assert int8_activations(896, 32) == kernel.int8_available()
     assert not int8_activations(896, 8)  # groups the integer path does not take: fp32 activations
     monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "int4")
     with pytest.raises(ValueError, match="D3D_QUANT_ACTIVATIONS='int4'"):
@@ -372,7 +397,7 @@ def test_quantized_gguf_converts_loads_without_gguf_and_decodes_losslessly(tmp_p
         torch.testing.assert_close(quant(ids), dense(ids), atol=1e-4, rtol=1e-4)
     assert d3d.load_model(tmp_path / "q", weights="fp32").weights == "float32"  # dequantized on request
     check_speculative_equals_ar(quant)
-    if kernel.vnni_available():  # int8 activations: close to the dense model, and as lossless
+    if kernel.int8_available():  # int8 activations: close to the dense model, and as lossless
         monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "int8")
         fast = d3d.load_model(tmp_path / "q")
         with torch.no_grad():
@@ -559,11 +584,10 @@ def random_factored(n, k, group, g, signed):
     return Factored(f, (torch.randn(n, k // 256, generator=g) / 64).half().float())
 
 
-@needs_vnni
-@pytest.mark.parametrize("bits,group,M,N,K", [(4, 32, 1, 17, 256), (4, 32, 5, 40, 512), (4, 32, 9, 33, 768),
-                                             (6, 16, 1, 17, 256), (6, 16, 3, 70, 512), (6, 16, 13, 16, 1536),
-                                             (4, 32, 18, 70, 512), (6, 16, 20, 33, 768)])
-def test_factored_scales_equal_their_loop_oracle_and_stay_close(bits, group, M, N, K):
+@pytest.mark.parametrize("matmul,bits,group,M,N,K", int8_cases([
+    (4, 32, 1, 17, 256), (4, 32, 5, 40, 512), (4, 32, 9, 33, 768), (6, 16, 1, 17, 256), (6, 16, 3, 70, 512),
+    (6, 16, 13, 16, 1536), (4, 32, 18, 70, 512), (6, 16, 20, 33, 768)]))
+def test_factored_scales_equal_their_loop_oracle_and_stay_close(matmul, bits, group, M, N, K):
     """Two-level scales (fp16 super-block factor x int8 group factor; int4 as Q4_K, int6 as Q6_K):
     activations quantized per super-block with up to 3 more bits for quiet groups, group factors applied
     in integers; bit for bit the loop oracle, every row as alone, within ~1% of the fp32-activation
@@ -586,19 +610,19 @@ def test_factored_scales_equal_their_loop_oracle_and_stay_close(bits, group, M, 
     P = kernel.to_panels
     two_args = (weights[0], P(s.f), None if m is None else P(m.f), N, bits, weights[1], P(s.d.half()),
                 None if m is None else P(m.d.half()))
-    two = kernel.matmul_vnni(x, *two_args)
+    two = matmul(x, *two_args)
     b8 = 4 if bits == 4 else 8  # the oracle reads int6 as the int8 values it holds
     assert torch.equal(two, quant_vnni_reference(x, q, s.f, None if m is None else m.f, b8, None, s.d,
                                                  None if m is None else m.d))
     for i in range(M):
-        assert torch.equal(kernel.matmul_vnni(x[i:i + 1], *two_args), two[i:i + 1]), i
+        assert torch.equal(matmul(x[i:i + 1], *two_args), two[i:i + 1]), i
     sv, mv = s.expand(), None if m is None else m.expand()
     exact = x @ kernel.dequantize(q, sv, mv, b8).T
     assert (two - exact).abs().max() <= 0.02 * exact.abs().max()
-    per_group = kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, b8)
+    per_group = matmul(x, P(q), P(sv), None if mv is None else P(mv), N, b8)
     assert (two - per_group).abs().max() <= 0.02 * exact.abs().max()
     with pytest.raises(ValueError, match="int8 exactly when they are two-level"):
-        kernel.matmul_vnni(x, P(q), P(sv), None if mv is None else P(mv), N, b8, None, P(s.d.half()))
+        matmul(x, P(q), P(sv), None if mv is None else P(mv), N, b8, None, P(s.d.half()))
 
 
 @needs_vnni
@@ -629,7 +653,7 @@ def test_k_quant_scales_stay_factored_through_join_files_and_rows(kind):
     plain = QuantWeight(*w.rowmajor())  # the same values as fp32 scales
     assert torch.equal(w.dequantize(), plain.dequantize())
     x = torch.randn(3, 512)
-    if kernel.vnni_available() and w.int8_activations:
+    if w.int8_activations:
         from d3d.kernels.naive import quant_vnni_reference
 
         assert w.scale_d is not None and w.nbytes < plain.nbytes

@@ -29,7 +29,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..kernels import skinny
+from ..kernels import quant as quant_kernel, skinny
 
 BATCH_HINT = 16  # the layout oneDNN picks for 16 rows was row-count invariant; the one for 1 row was not (fp32)
 
@@ -121,7 +121,8 @@ def matmul_path(model) -> str:
     if model.device.type != "cpu":
         return f"torch on {model.device.type}"
     if model.quantized:
-        return "int8 activations, VNNI (quant_vnni.cpp)" if model.int8_activations else \
+        return ("int8 activations, " + ("VNNI (quant_vnni.cpp)" if quant_kernel.vnni_available() else
+                                         "AVX2 (quant_maddubs.cpp)")) if model.int8_activations else \
             "quantized panels, fp32 activations (quant_gemm.cpp)"
     if model.dtype == torch.float32 and skinny.wanted():
         return "fp32 panels (skinny_gemm.cpp)"

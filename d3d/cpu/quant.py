@@ -235,9 +235,9 @@ def int8_activations(k: int, group: int) -> bool:
     fits = (group == 16 or group % 32 == 0) and k % (16 if group == 16 else 32) == 0
     if choice == "fp32" or not fits:
         return False
-    if choice == "int8" and not kernel.vnni_available():
-        raise RuntimeError(f"D3D_QUANT_ACTIVATIONS=int8: {kernel.why_vnni_unavailable()}")
-    return kernel.vnni_available()
+    if choice == "int8" and not kernel.int8_available():
+        raise RuntimeError(f"D3D_QUANT_ACTIVATIONS=int8: {kernel.why_int8_unavailable()}")
+    return kernel.int8_available()
 
 
 def two_level(scale, min, group: int) -> bool:

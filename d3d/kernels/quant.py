@@ -59,6 +59,29 @@ def why_vnni_unavailable() -> str | None:
     return _load_vnni()[1]
 
 
+MADDUBS_SOURCE = Path(__file__).with_name("quant_maddubs.cpp")
+
+
+@functools.cache
+def _load_maddubs():
+    """The int8-activation kernel for AVX2 (``quant_maddubs.cpp``): (module, None) or (None, why not)."""
+    return build("d3d_quant_maddubs", MADDUBS_SOURCE, AVX2_FLAGS, needs=AVX2 | {"f16c"})
+
+
+def int8_kernel():
+    """The int8-activation kernel this CPU runs: VNNI's where it has AVX-512 VNNI, else the AVX2 one (the same
+    bits); None where neither builds."""
+    return _load_vnni()[0] or _load_maddubs()[0]
+
+
+def int8_available() -> bool:
+    return int8_kernel() is not None
+
+
+def why_int8_unavailable() -> str | None:
+    return None if int8_available() else f"VNNI: {_load_vnni()[1]}; AVX2: {_load_maddubs()[1]}"
+
+
 def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
                 h: torch.Tensor | None = None, sd: torch.Tensor | None = None,
                 md: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,6 +92,22 @@ def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tens
     module, why = _load_vnni()
     if module is None:
         raise RuntimeError(f"d3d.kernels.quant: the VNNI kernel is unavailable: {why}")
+    _check(x, q, s, m, n, bits, h, two_level=sd is not None)
+    return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
+                         bits, _EMPTY if sd is None else sd, _EMPTY if md is None else md)
+
+
+def matmul_maddubs(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
+                   h: torch.Tensor | None = None, sd: torch.Tensor | None = None,
+                   md: torch.Tensor | None = None) -> torch.Tensor:
+    """``matmul_vnni`` on AVX2 (``quant_maddubs.cpp``): the same arguments and bits, int5 excepted (a CPU
+    without AVX-512 holds it as int8: ``d3d.cpu.quant.int5_kept``)."""
+    module, why = _load_maddubs()
+    if module is None:
+        raise RuntimeError(f"d3d.kernels.quant: the AVX2 int8-activation kernel is unavailable: {why}")
+    if bits == 5:
+        raise ValueError("quant.matmul_maddubs: int5 is not read by the AVX2 kernel; widen it to int8 "
+                         "(d3d.cpu.quant.widen)")
     _check(x, q, s, m, n, bits, h, two_level=sd is not None)
     return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
                          bits, _EMPTY if sd is None else sd, _EMPTY if md is None else md)
@@ -273,14 +312,15 @@ def bound(q, h, s, m, n, group, bits, int8_activations: bool = False, sd=None, m
     each call had cost ~1 us). The extension still checks every shape."""
     h, m = _EMPTY if h is None else h, _EMPTY if m is None else m
     if int8_activations:
-        call, args = _load_vnni()[0].matmul, (q, h, s, m, n, group, bits, _EMPTY if sd is None else sd,
+        call, args = int8_kernel().matmul, (q, h, s, m, n, group, bits, _EMPTY if sd is None else sd,
                                                _EMPTY if md is None else md)
     else:
         call, args = _load()[0].matmul, (q, h, s, m, n, group, bits, 0)
     return lambda x: call(x, *args)
 
 
-__all__ = ["available", "why_unavailable", "vnni_available", "why_vnni_unavailable", "matmul", "matmul_vnni",
+__all__ = ["available", "why_unavailable", "vnni_available", "why_vnni_unavailable", "int8_available",
+           "why_int8_unavailable", "int8_kernel", "matmul", "matmul_vnni", "matmul_maddubs",
            "bound", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels", "int6_to_panels",
            "int6_from_panels", "pack_nibbles", "unpack_nibbles", "unpack_bits", "pack_bits", "dequantize", "PANEL",
            "ISAS"]

@@ -49,7 +49,7 @@
 #include <cstring>
 #include <vector>
 
-#include "quant_panels.h"
+#include "quant_int8.h"
 
 namespace {
 
@@ -57,26 +57,14 @@ using d3d_quant::GROUP;
 using d3d_quant::NR;
 using d3d_quant::load16;
 using d3d_quant::Weights;
+using d3d_quant::Act;
+using d3d_quant::MR_MAX;
+using d3d_quant::SUPER;
+using d3d_quant::tile_rows;
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg")
 
-// The quantized activations of all rows, laid out by row tile (``tile_rows``): a tile of mr rows from row m0
-// holds its qx at q + m0 K as [K / 4][mr][4] bytes (the 4 bytes a product broadcasts, of its rows side by side)
-// and its values per group a (per span b) at m0 (K / A) + a mr + (m - m0): one pointer and constant offsets
-// for a tile, where each product recomputed its row's address (the matmuls of a pass at 8-16 rows 4-8% faster
-// this way; docs/results/dot-bound/).
-struct Act {
-    const int8_t* q;      // [M, K] in tiles as above, each row in the format's k order
-    const float* scale;   // [M, K / A] in tiles; two-level: [M, K / 256]
-    const int32_t* zsum;  // [M, K / A] in tiles: -z sum of qx (the weights' offset z times the row's sum)
-    const float* xsum;    // [M, K / A] in tiles: fp32 sum of x (int4's mins)
-    const int16_t* qsum;  // two-level: [M, K / A] row by row, sum of qx per group << shift (int4's mins, in pairs)
-    const int32_t* shift; // two-level: [M, K / A] in tiles, 3 - e of each group (see the top)
-    int64_t K, A;
-};
-
-constexpr int64_t SUPER = 256;  // inputs per super-block of two-level scales
 // Software prefetch: the weights this many 64-byte loads ahead in a panel (and the high bits as far in k);
 // 4 KB ahead streamed the 1.5B's matrices ~4% faster than 1 KB at 1-4 rows (docs/results/vnni-streams/).
 constexpr int64_t PREFETCH = 64;
@@ -284,7 +272,6 @@ void tile_sb(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, 
 // Rows per tile: up to 16, in halves of at most HALF rows (tile). With `dots` inlined (it was not always, and
 // 8 x 1 measured slower then: docs/results/attention-cpu/kernels.txt), 8 rows cost ~1.25x one row's matmuls
 // where 4 x 2 tiles had cost ~1.75x (docs/results/vnni-streams/).
-constexpr int64_t MR_MAX = 16;
 constexpr int64_t STREAM_ROWS = 16;
 
 template <int BITS, int SC, int A>
@@ -300,13 +287,6 @@ void tile_of(int64_t mr, const Act& X, int64_t m0, const Weights& W, float* y, i
     D3D_TILE(1) D3D_TILE(2) D3D_TILE(3) D3D_TILE(4) D3D_TILE(5) D3D_TILE(6) D3D_TILE(7) D3D_TILE(8)
     D3D_TILE(9) D3D_TILE(10) D3D_TILE(11) D3D_TILE(12) D3D_TILE(13) D3D_TILE(14) D3D_TILE(15) D3D_TILE(16)
 #undef D3D_TILE
-}
-
-// The rows of the tile that starts at row m of M: tiles of at most MR_MAX rows, as even as possible (past 16
-// rows every tile has 9-16). The activations are laid out by these tiles (Act).
-inline int64_t tile_rows(int64_t M, int64_t m) {
-    const int64_t left = M - m, tiles = (left + MR_MAX - 1) / MR_MAX;
-    return (left + tiles - 1) / tiles;
 }
 
 template <int BITS, int SC>
@@ -336,58 +316,6 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
             }
         }
     });
-}
-
-// The activations of every row, quantized per span of S inputs (A, or SUPER for two-level scales): qx (in
-// the format's k order) and the span's scale; per group of A: -z sum qx, sum qx and, where int4's mins need
-// it (``xsums``), sum x (fp32, added in k order). Two-level: each group of a super-block is quantized
-// with sx / 2^e (see the top), its sums shifted by 3 - e, and the scale stored is sx / 8. 16 inputs at a
-// time: division and rounding to nearest as the loop oracle does them, so the same integers.
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, bool nibble_order, int32_t z,
-                   bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum, int32_t* shift) {
-    // int4/int5 lanes hold k, k+2, k+4, k+6 then k+1, k+3, k+5, k+7 of each 8
-    const __m512i order = nibble_order ? _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15)
-                                       : _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const auto amax = [](const float* p, int64_t n) {
-        __m512 top = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(p + i)));
-        return _mm512_reduce_max_ps(top);
-    };
-    const int64_t NG = K / A;
-    for (int64_t m = 0, m0 = 0, mr = 0; m < M; ++m) {
-        if (m == m0 + mr) m0 = m, mr = tile_rows(M, m);  // the row's tile (Act)
-        for (int64_t b = 0; b < K / S; ++b) {
-            const float top = amax(x + m * K + b * S, S), sx = top / 127.f;
-            scale[m0 * (K / S) + b * mr + (m - m0)] = S > A ? sx * 0.125f : sx;
-            for (int64_t a = b * (S / A); a < (b + 1) * (S / A); ++a) {
-                const int64_t ia = m0 * NG + a * mr + (m - m0);
-                const float* xa = x + m * K + a * A;
-                int e = 0;  // two-level: the group's scale sx / 2^e, e <= 3 the largest with its max * 2^e <= top
-                if (S > A)
-                    for (const float g = amax(xa, A); e < 3 && g * static_cast<float>(2 << e) <= top;) ++e;
-                const __m512 vsx = _mm512_set1_ps(sx / static_cast<float>(1 << e));
-                __m512i sum = _mm512_setzero_si512();
-                for (int64_t i = 0; i < A; i += 16) {
-                    const __m512 v = _mm512_permutexvar_ps(order, _mm512_loadu_ps(xa + i));
-                    const __m512i v8 = sx > 0.f ? _mm512_cvtps_epi32(_mm512_div_ps(v, vsx)) : _mm512_setzero_si512();
-                    alignas(16) int32_t words[4];  // to their places in the tile: [k / 4][mr][4]
-                    _mm_store_si128(reinterpret_cast<__m128i*>(words), _mm512_cvtepi32_epi8(v8));
-                    for (int64_t j = 0; j < 4; ++j)
-                        std::memcpy(q + m0 * K + ((a * A + i) / 4 + j) * mr * 4 + (m - m0) * 4, words + j, 4);
-                    sum = _mm512_add_epi32(sum, v8);
-                }
-                const int32_t total = _mm512_reduce_add_epi32(sum);
-                zsum[ia] = -z * total;
-                qsum[m * NG + a] = static_cast<int16_t>(total * (1 << (3 - e)));  // |.| <= 32 * 127 * 8
-                shift[ia] = 3 - e;
-                if (xsums) {
-                    float t = 0.f;
-                    for (int64_t i = 0; i < A; ++i) t += xa[i];
-                    xsum[ia] = t;
-                }
-            }
-        }
-    }
 }
 
 // The machine's rate of integer dot products, a bound on a pass with many rows: `per_thread` vpdpbusd on 12
@@ -426,33 +354,16 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
     TORCH_CHECK(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bitalg"),
                 "quant_vnni.matmul: this CPU lacks AVX-512 VNNI/VBMI/BW/BITALG");
-    const Weights W = d3d_quant::checked("quant_vnni.matmul", x, q, h, s, m, N, G, bits, sd, md, true);
-    const int64_t K = x.size(1), P = q.size(0), A = G == 16 ? 16 : 32;
-    const int sc = W.two ? 2 : W.half ? 1 : 0;
-    TORCH_CHECK(G % A == 0 && K % A == 0, "quant_vnni.matmul: groups of ", G, " over K=", K,
-                " need G = 16 or a multiple of 32 and K a multiple of ", A);
-    TORCH_CHECK(!W.two || ((G == 16 || G == 32) && G * W.per_d == SUPER && (bits == 4 || bits == 6)),
-                "quant_vnni.matmul: two-level scales need int6 or int4 groups of 16 or 32 in super-blocks of ",
-                SUPER, " inputs (Q6_K, Q4_K), got int", bits, " groups of ", G, " x ", W.per_d);
-    TORCH_CHECK(bits != 6 || W.two, "quant_vnni.matmul: int6 needs two-level scales (it holds Q6_K)");
-    auto xc = x.contiguous();
-    const int64_t M = xc.size(0), S = W.two ? SUPER : A;
-    if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());
-    std::vector<int8_t> qx(M * K);
-    std::vector<float> sx(M * (K / S)), xs(M * (K / A));
-    std::vector<int32_t> sq(M * (K / A)), sh(M * (K / A));
-    std::vector<int16_t> qs(M * (K / A));
-    quantize_rows(xc.data_ptr<float>(), M, K, A, S, bits != 8, bits == 8 ? 128 : bits == 6 ? 32 : bits == 5 ? 16 : 0,
-                  bits == 4 && !W.two, qx.data(), sx.data(), sq.data(), xs.data(), qs.data(), sh.data());
-    const Act X{qx.data(), sx.data(), sq.data(), xs.data(), qs.data(), sh.data(), K, A};
-    auto y = torch::empty({M, N}, x.options());
-    float* yp = y.data_ptr<float>();
+    static constexpr int32_t offsets[9] = {0, 0, 0, 0, 0, 16, 32, 0, 128};  // int8's bytes are read as q + 128
+    return d3d_quant::int8_matmul("quant_vnni.matmul", x, q, h, s, m, N, G, bits, sd, md, offsets,
+                                  [](int64_t bits, int sc, const Act& X, int64_t M, const Weights& W, int64_t P,
+                                     int64_t N, float* y) {
 #define D3D_RUN(B, S) \
-    if (bits == B && sc == S) run<B, S>(X, M, W, P, N, yp);
-    D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
-    D3D_RUN(4, 2)
+    if (bits == B && sc == S) run<B, S>(X, M, W, P, N, y);
+        D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
+        D3D_RUN(4, 2)
 #undef D3D_RUN
-    return y;
+    });
 }
 
 int64_t dot_probe(int64_t per_thread) {

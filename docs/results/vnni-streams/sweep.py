@@ -44,11 +44,13 @@ def kernel_args(w: QuantWeight) -> tuple:
 
 
 def build_at(rev: str):
-    """quant_vnni.cpp (and the header it includes) as of ``rev``, built as its own extension."""
+    """quant_vnni.cpp (and the headers beside it) as of ``rev``, built as its own extension."""
     from torch.utils.cpp_extension import load
 
     where = Path(tempfile.mkdtemp(prefix="vnni-"))
-    for f in ("quant_vnni.cpp", "quant_panels.h"):
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "d3d/kernels/"], check=True,
+                            capture_output=True, text=True).stdout.split()
+    for f in ["quant_vnni.cpp"] + [Path(p).name for p in listed if p.endswith(".h")]:
         (where / f).write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:d3d/kernels/{f}"],
                                                check=True, capture_output=True).stdout)
     print(f"building quant_vnni.cpp at {rev} ...", flush=True)
