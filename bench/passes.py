@@ -187,7 +187,7 @@ def main(argv=None) -> dict:
     read = read_bandwidth_gbs() if args.device == "cpu" else None
     rate = vnni_rate(int8)
     for r in results:  # quantized weights through the VNNI kernel: the floor of their matmuls (floor_ms)
-        if (r["model"], r["dtype"]) in int8:
+        if (r["model"], r["dtype"]) in int8 and rate is not None:
             r["floor_ms"] = floor_ms(r["streamed_bytes"], models[r["model"]]["macs_per_row"], r["T"], read, rate)
     print(markdown_table(["model", "dtype", "fp32 matmul", "T", "ms (median)", "min..max", f"vs T={min(args.T)}",
                           "weights GB/s", "matmul floor ms"],

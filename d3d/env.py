@@ -49,8 +49,9 @@ VARIABLES = {v.name: v for v in (
     Variable("D3D_WEIGHTS", "how a model holds its matrices where weights=\"auto\" (a drafter beside a target "
              "follows the target; an explicit dtype wins; d3d.cpu.precision); tests pin dense", "choice",
              ("auto", "dense", *_DTYPES, "int8", "int4"), "auto"),
-    Variable("D3D_QUANT_ACTIVATIONS", "whether quantized matrices multiply int8 activations (VNNI) or fp32 "
-             "ones (bit-equal to the dequantized model); auto: int8 where the CPU has VNNI", "choice",
+    Variable("D3D_QUANT_ACTIVATIONS", "whether quantized matrices multiply int8 activations (AVX-512 VNNI, or "
+             "AVX2: the same bits) or fp32 ones (bit-equal to the dequantized model); auto: int8 where a kernel "
+             "builds", "choice",
              ("auto", "int8", "fp32"), "auto"),
     Variable("D3D_CPU_MATMUL", "the fp32 CPU matmul: the panel kernel (d3d/kernels/skinny.py) or oneDNN; "
              "auto: panels on AVX2 CPUs without AVX-512", "choice", ("auto", "panels", "onednn"), "auto"),

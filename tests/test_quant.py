@@ -153,15 +153,14 @@ needs_vnni = pytest.mark.skipif(not kernel.vnni_available(),
 
 needs_maddubs = pytest.mark.skipif(kernel._load_maddubs()[0] is None,
                                    reason=f"AVX2 int8 kernel unavailable: {kernel._load_maddubs()[1]}")
-# The int8-activation kernels: the same arguments, the same bits (int5 is read by VNNI's only)
+# The int8-activation kernels: the same arguments, the same bits
 INT8_KERNELS = {"vnni": (kernel.matmul_vnni, needs_vnni), "avx2": (kernel.matmul_maddubs, needs_maddubs)}
 
 
-def int8_cases(cases, bits_of=lambda case: case[0]):
-    """``cases`` x the int8-activation kernels that read them, as pytest params (the kernel first)."""
+def int8_cases(cases):
+    """``cases`` x the int8-activation kernels, as pytest params (the kernel first)."""
     return [pytest.param(fn, *case, marks=mark, id=f"{name}-{'-'.join(map(str, case))}")
-            for name, (fn, mark) in INT8_KERNELS.items() for case in cases
-            if not (name == "avx2" and bits_of(case) == 5)]
+            for name, (fn, mark) in INT8_KERNELS.items() for case in cases]
 
 
 def test_vnni_builds_where_the_cpu_and_a_compiler_allow():
@@ -172,15 +171,6 @@ def test_vnni_builds_where_the_cpu_and_a_compiler_allow():
         assert not kernel.vnni_available()
     if {"avx2", "fma", "f16c"} <= hardware.cpu_flags() and compiler:
         assert kernel.int8_available() and kernel._load_maddubs()[0] is not None, kernel.why_int8_unavailable()
-
-
-@needs_maddubs
-def test_avx2_int8_kernel_refuses_int5_by_name():
-    g = torch.Generator().manual_seed(1)
-    q, s, m, h = random_format(5, 16, 64, 32, g)
-    with pytest.raises(ValueError, match="int5 is not read by the AVX2 kernel"):
-        kernel.matmul_maddubs(torch.randn(1, 64), kernel.to_panels(q), kernel.to_panels(s), None, 16, 5,
-                              kernel.bits_to_panels(h, 16))
 
 
 @pytest.mark.parametrize("matmul,bits,half,M,N,K,group", int8_cases([
@@ -227,8 +217,7 @@ def vnni_format(fmt, n, k, g):
 
 
 @pytest.mark.parametrize("matmul,fmt", int8_cases([(f,) for f in ["int8-16", "int8-32", "int5-16", "int4-16",
-                                                                   "int4-32", "q4k", "q6k"]],
-                                                    bits_of=lambda case: 5 if case[0].startswith("int5") else 0))
+                                                                   "int4-32", "q4k", "q6k"]]))
 def test_int8_activations_row_invariance_over_every_row_count(matmul, fmt):
     """Any row count (tiles of 1-16 rows, in halves or chunks; more rows in several tiles) gives each row the
     bits it gets alone, and the loop oracle's; N = 40 ends in a part panel, K = 512 is two super-blocks."""

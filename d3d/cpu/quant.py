@@ -227,10 +227,11 @@ def int8_activations(k: int, group: int) -> bool:
     """Whether a matrix multiplies int8-quantized activations (``kernels.quant.matmul_vnni``: per row
     and group of 32, or super-block of 256 for K-quants; integer dot products) instead of fp32 ones (``kernels.quant.matmul``: bit-equal
     to the fp32 model). ``D3D_QUANT_ACTIVATIONS`` = ``fp32``, ``int8`` or ``auto`` (the default):
-    int8 where the CPU has AVX-512 VNNI, VBMI and BITALG. Chosen on the real model: shorter decoding
-    steps and faster validation requests with the defaults (which then verify with ``exact``
-    attention, ``d3d.decode.engines.generate``; docs/results/quant/README.md, passes.json). Its
-    accuracy cost: docs/results/quant/quality_qwen25.json."""
+    int8 wherever a kernel builds (AVX-512 VNNI, else AVX2; the same bits). Chosen on the real model: shorter
+    decoding steps and faster validation requests with the defaults (which then verify with ``exact``
+    attention, ``d3d.decode.engines.generate``; docs/results/quant/README.md, passes.json); on AVX2, steps
+    and verifications 1.8-2.2x shorter (docs/results/avx2-int8/). Its accuracy cost:
+    docs/results/quant/quality_qwen25.json."""
     choice = env.read("D3D_QUANT_ACTIVATIONS")
     fits = (group == 16 or group % 32 == 0) and k % (16 if group == 16 else 32) == 0
     if choice == "fp32" or not fits:
@@ -257,9 +258,11 @@ def fits_six(q: torch.Tensor) -> bool:
 
 def int5_kept() -> bool:
     """Whether int5 stays int5 in memory: on CPUs with AVX-512 (BW, VL) its unpacking costs about
-    what the bytes it saves do; the AVX2 code unpacks it much slower than int8, so there int5 is
-    widened to int8 at load (exact). Per-matrix timings: docs/results/quant/kernels.txt."""
-    return {"avx512bw", "avx512vl"} <= cpu_flags()
+    what the bytes it saves do (docs/results/quant/kernels.txt), and so with int8 activations on AVX2
+    (passes of the real 0.5B 6-14% shorter than with int5 widened, docs/results/avx2-int8/); the AVX2 code
+    with fp32 activations unpacks it much slower than int8, so there int5 is widened to int8 at load (exact)."""
+    return {"avx512bw", "avx512vl"} <= cpu_flags() or (env.read("D3D_QUANT_ACTIVATIONS") != "fp32"
+                                                       and kernel.int8_available())
 
 
 def widen(parts: tuple) -> tuple:

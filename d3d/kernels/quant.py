@@ -100,14 +100,10 @@ def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tens
 def matmul_maddubs(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
                    h: torch.Tensor | None = None, sd: torch.Tensor | None = None,
                    md: torch.Tensor | None = None) -> torch.Tensor:
-    """``matmul_vnni`` on AVX2 (``quant_maddubs.cpp``): the same arguments and bits, int5 excepted (a CPU
-    without AVX-512 holds it as int8: ``d3d.cpu.quant.int5_kept``)."""
+    """``matmul_vnni`` on AVX2 (``quant_maddubs.cpp``): the same arguments, the same bits."""
     module, why = _load_maddubs()
     if module is None:
         raise RuntimeError(f"d3d.kernels.quant: the AVX2 int8-activation kernel is unavailable: {why}")
-    if bits == 5:
-        raise ValueError("quant.matmul_maddubs: int5 is not read by the AVX2 kernel; widen it to int8 "
-                         "(d3d.cpu.quant.widen)")
     _check(x, q, s, m, n, bits, h, two_level=sd is not None)
     return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
                          bits, _EMPTY if sd is None else sd, _EMPTY if md is None else md)

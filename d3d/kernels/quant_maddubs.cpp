@@ -14,7 +14,7 @@
 // Layouts: a 64-byte load of a panel holds 4 steps of 16 columns, byte [i][j]; two unpacks, two lane
 // permutes and two byte shuffles make it [j][i] in two registers (columns 0-7 and 8-15), each 32-bit lane one
 // column's 4 bytes: VNNI's vpermb, 8 columns at a time. The activations are broadcast 4 bytes at a time, as
-// there.
+// there. int5's high bits become bytes 0x10 by a shuffle, a test and a mask (VNNI: vpshufbitqmb).
 //
 // Several rows: AVX2 has 16 registers, so a tile's rows run in chunks of up to CHUNK that share each group's
 // weights (the first chunk streams them from memory, the others read them from L1), and the fp32
@@ -56,6 +56,20 @@ __attribute__((always_inline)) inline void transpose(const uint8_t* p, __m256i& 
     c1 = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(hi, 0xD8), pick);
 }
 
+// int5's high bits of 4 k pairs (W.h: 4 words, bit j at k and bit 16 + j at k + 1 of column j; both lanes of H)
+// -> 0x10 in the bytes of columns 8 half .. 8 half + 7 that they mark, for the even k (odd: the k + 1).
+template <int HALF, int ODD>
+__attribute__((always_inline)) inline __m256i high_bits(__m256i H) {
+    constexpr char b = 2 * ODD + HALF;  // the byte of word i that holds these columns' bits
+    const __m256i pick = _mm256_setr_epi8(b, b + 4, b + 8, b + 12, b, b + 4, b + 8, b + 12, b, b + 4, b + 8, b + 12,
+                                          b, b + 4, b + 8, b + 12, b, b + 4, b + 8, b + 12, b, b + 4, b + 8, b + 12,
+                                          b, b + 4, b + 8, b + 12, b, b + 4, b + 8, b + 12);
+    const __m256i bit = _mm256_setr_epi8(1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32,
+                                         32, 64, 64, 64, 64, -128, -128, -128, -128);  // column 8 half + lane
+    const __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(H, pick), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(0x10));
+}
+
 __attribute__((always_inline)) inline __m256i bcast(const int8_t* x) {
     int32_t v;
     std::memcpy(&v, x, 4);
@@ -76,11 +90,15 @@ __attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights&
             _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH * 64), _MM_HINT_T0);
             if constexpr (BITS == 6)
                 _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 4 + PREFETCH * 32), _MM_HINT_T0);
+            if constexpr (BITS == 5)
+                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 2 + PREFETCH * 16), _MM_HINT_T0);
         }
         __m256i c[2];
         transpose(q, c[0], c[1]);
         __m256i crumbs;  // int6: 32 bytes of high two bits, laid out for the transposed bytes (int6_to_panels)
         if constexpr (BITS == 6) crumbs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(W.h + k * 4));
+        if constexpr (BITS == 5)  // int5: the 4 words of high bits of these 4 k pairs, in both lanes
+            crumbs = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W.h + k * 2)));
 #pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {
             if constexpr (BITS == 8) {
@@ -96,6 +114,10 @@ __attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights&
                     lo = _mm256_or_si256(lo, _mm256_and_si256(half ? _mm256_slli_epi16(crumbs, 2)
                                                                    : _mm256_slli_epi16(crumbs, 4), bits45));
                     hi = _mm256_or_si256(hi, _mm256_and_si256(half ? _mm256_srli_epi16(crumbs, 2) : crumbs, bits45));
+                }
+                if constexpr (BITS == 5) {
+                    lo = _mm256_or_si256(lo, half ? high_bits<1, 0>(crumbs) : high_bits<0, 0>(crumbs));
+                    hi = _mm256_or_si256(hi, half ? high_bits<1, 1>(crumbs) : high_bits<0, 1>(crumbs));
                 }
 #pragma GCC unroll 8
                 for (int m = 0; m < R; ++m) {  // k, k+2, k+4, k+6 and the odd k: one int16 sum (<= 32004)
@@ -269,22 +291,21 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
 
 }  // namespace
 
-// y [M, N] = x [M, K] @ W^T with int8 activations (quant_vnni.cpp's numerics); int8, int4 (fp32, fp16 or
-// two-level scales) and int6 (two-level) panels as quant_vnni.matmul takes them. int5 is not read here: on a CPU
-// without AVX-512 d3d widens it to int8 at load (d3d.cpu.quant.int5_kept).
+// y [M, N] = x [M, K] @ W^T with int8 activations (quant_vnni.cpp's numerics); the panels as quant_vnni.matmul
+// takes them.
 torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& s,
                      const torch::Tensor& m, int64_t N, int64_t G, int64_t bits, const torch::Tensor& sd,
                      const torch::Tensor& md) {
     TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
                 "quant_maddubs.matmul: this CPU lacks AVX2/FMA");
-    TORCH_CHECK(bits != 5, "quant_maddubs.matmul: int5 is not read here (widen it to int8: d3d.cpu.quant.widen)");
     static constexpr int32_t offsets[9] = {0, 0, 0, 0, 0, 16, 32, 0, 0};  // int8 is read as |q| and a sign
     return d3d_quant::int8_matmul("quant_maddubs.matmul", x, q, h, s, m, N, G, bits, sd, md, offsets,
                                   [](int64_t bits, int sc, const Act& X, int64_t M, const Weights& W, int64_t P,
                                      int64_t N, float* y) {
 #define D3D_RUN(B, S) \
     if (bits == B && sc == S) run<B, S>(X, M, W, P, N, y);
-        D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(6, 2) D3D_RUN(4, 0) D3D_RUN(4, 1) D3D_RUN(4, 2)
+        D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
+        D3D_RUN(4, 2)
 #undef D3D_RUN
     });
 }
