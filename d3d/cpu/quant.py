@@ -18,7 +18,7 @@ scale per row, or int4 with G = ``INT4_GROUP``.
 
 Products go through ``d3d.kernels.quant``: with fp32 activations (AVX2 / AVX-512, bit for bit the
 fp32 panel kernel on ``dequantize()``) or, where ``int8_activations`` says so, with int8 activations
-and integer dot products (AVX-512 VNNI). Both are row-invariant. Without the kernels there is no
+and integer dot products (AVX-512 VNNI, or AVX2 with the same bits). Both are row-invariant. Without the kernels there is no
 quantized path: ``load_model`` then keeps dense weights and warns.
 """
 

@@ -18,7 +18,8 @@ Torch reference: ``dequantize`` + ``F.linear``. Loop oracle: ``naive.quant_matmu
 activations to int8 per row and group (per super-block of 256 for two-level K-quant scales) and sums
 exact integer dot products (numerics in that file; loop oracles ``naive.quant_vnni_reference`` and
 ``naive.quant_vnni_two_level_reference``). It also reads int6 (``int6_to_panels``: Q6_K's values, 6.5
-bits a weight with their scales instead of int8's 8.5).
+bits a weight with their scales instead of int8's 8.5). ``matmul_maddubs`` (``quant_maddubs.cpp``, AVX2) takes
+the same arguments and gives the same bits on CPUs without VNNI; ``int8_kernel`` is the one this CPU runs.
 """
 
 from __future__ import annotations
