@@ -50,54 +50,64 @@ inline float max_abs(const float* p, int64_t n) {  // n a multiple of 8
     return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
 }
 
-// The activations of every row, quantized per span of S inputs (A, or SUPER for two-level scales): qx (in
-// the format's k order) and the span's scale; per group of A: -z sum qx, sum qx and, where int4's mins need
-// it (``xsums``), sum x (fp32, added in k order). Two-level: each group of a super-block is quantized
-// with sx / 2^e (quant_vnni.cpp's top), its sums shifted by 3 - e, and the scale stored is sx / 8. 8 inputs
-// at a time: division and rounding to nearest as the loop oracle does them, so the same integers.
-inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, bool nibble_order, int32_t z,
-                          bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum,
-                          int32_t* shift) {
+// The activations of row m (in the tile of mr rows from m0), quantized per span of S inputs (A, or SUPER for
+// two-level scales): qx (in the format's k order) and the span's scale; per group of A: -z sum qx, sum qx and,
+// where int4's mins need it (``xsums``), sum x (fp32, added in k order). Two-level: each group of a super-block
+// is quantized with sx / 2^e (quant_vnni.cpp's top), its sums shifted by 3 - e, and the scale stored is sx / 8.
+// 8 inputs at a time: division and rounding to nearest as the loop oracle does them, so the same integers.
+inline void quantize_row(const float* x, int64_t m, int64_t m0, int64_t mr, int64_t K, int64_t A, int64_t S,
+                         bool nibble_order, int32_t z, bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum,
+                         int16_t* qsum, int32_t* shift) {
     // int4/int5/int6 lanes hold k, k+2, k+4, k+6 then k+1, k+3, k+5, k+7 of each 8
     const __m256i order = nibble_order ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
                                        : _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const int64_t NG = K / A;
-    for (int64_t m = 0, m0 = 0, mr = 0; m < M; ++m) {
-        if (m == m0 + mr) m0 = m, mr = tile_rows(M, m);  // the row's tile (Act)
-        for (int64_t b = 0; b < K / S; ++b) {
-            const float top = max_abs(x + m * K + b * S, S), sx = top / 127.f;
-            scale[m0 * (K / S) + b * mr + (m - m0)] = S > A ? sx * 0.125f : sx;
-            for (int64_t a = b * (S / A); a < (b + 1) * (S / A); ++a) {
-                const int64_t ia = m0 * NG + a * mr + (m - m0);
-                const float* xa = x + m * K + a * A;
-                int e = 0;  // two-level: the group's scale sx / 2^e, e <= 3 the largest with its max * 2^e <= top
-                if (S > A)
-                    for (const float g = max_abs(xa, A); e < 3 && g * static_cast<float>(2 << e) <= top;) ++e;
-                const __m256 vsx = _mm256_set1_ps(sx / static_cast<float>(1 << e));
-                __m256i sum = _mm256_setzero_si256();
-                for (int64_t i = 0; i < A; i += 8) {
-                    const __m256 v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xa + i), order);
-                    const __m256i v8 = sx > 0.f ? _mm256_cvtps_epi32(_mm256_div_ps(v, vsx)) : _mm256_setzero_si256();
-                    const __m256i w16 = _mm256_packs_epi32(v8, v8);  // |qx| <= 127: no saturation
-                    const __m256i w8 = _mm256_packs_epi16(w16, w16);  // bytes 0-3 of each lane: its 4 values
-                    const int32_t words[2] = {_mm256_cvtsi256_si32(w8), _mm256_extract_epi32(w8, 4)};
-                    for (int64_t j = 0; j < 2; ++j)  // to their places in the tile: [k / 4][mr][4]
-                        std::memcpy(q + m0 * K + ((a * A + i) / 4 + j) * mr * 4 + (m - m0) * 4, words + j, 4);
-                    sum = _mm256_add_epi32(sum, v8);
-                }
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-                const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
-                zsum[ia] = -z * total;
-                qsum[m * NG + a] = static_cast<int16_t>(total * (1 << (3 - e)));  // |.| <= 32 * 127 * 8
-                shift[ia] = 3 - e;
-                if (xsums) {
-                    float t = 0.f;
-                    for (int64_t i = 0; i < A; ++i) t += xa[i];
-                    xsum[ia] = t;
-                }
+    for (int64_t b = 0; b < K / S; ++b) {
+        const float top = max_abs(x + m * K + b * S, S), sx = top / 127.f;
+        scale[m0 * (K / S) + b * mr + (m - m0)] = S > A ? sx * 0.125f : sx;
+        for (int64_t a = b * (S / A); a < (b + 1) * (S / A); ++a) {
+            const int64_t ia = m0 * NG + a * mr + (m - m0);
+            const float* xa = x + m * K + a * A;
+            int e = 0;  // two-level: the group's scale sx / 2^e, e <= 3 the largest with its max * 2^e <= top
+            if (S > A)
+                for (const float g = max_abs(xa, A); e < 3 && g * static_cast<float>(2 << e) <= top;) ++e;
+            const __m256 vsx = _mm256_set1_ps(sx / static_cast<float>(1 << e));
+            __m256i sum = _mm256_setzero_si256();
+            for (int64_t i = 0; i < A; i += 8) {
+                const __m256 v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xa + i), order);
+                const __m256i v8 = sx > 0.f ? _mm256_cvtps_epi32(_mm256_div_ps(v, vsx)) : _mm256_setzero_si256();
+                const __m256i w16 = _mm256_packs_epi32(v8, v8);  // |qx| <= 127: no saturation
+                const __m256i w8 = _mm256_packs_epi16(w16, w16);  // bytes 0-3 of each lane: its 4 values
+                const int32_t words[2] = {_mm256_cvtsi256_si32(w8), _mm256_extract_epi32(w8, 4)};
+                for (int64_t j = 0; j < 2; ++j)  // to their places in the tile: [k / 4][mr][4]
+                    std::memcpy(q + m0 * K + ((a * A + i) / 4 + j) * mr * 4 + (m - m0) * 4, words + j, 4);
+                sum = _mm256_add_epi32(sum, v8);
+            }
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+            zsum[ia] = -z * total;
+            qsum[m * NG + a] = static_cast<int16_t>(total * (1 << (3 - e)));  // |.| <= 32 * 127 * 8
+            shift[ia] = 3 - e;
+            if (xsums) {
+                float t = 0.f;
+                for (int64_t i = 0; i < A; ++i) t += xa[i];
+                xsum[ia] = t;
             }
         }
+    }
+}
+
+// Every row's activations (quantize_row), on the calling thread (split between two threads, the matmuls of 8-16
+// rows took up to 1.5x as long).
+inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, bool nibble_order, int32_t z,
+                          bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum,
+                          int32_t* shift) {
+    for (int64_t m0 = 0; m0 < M;) {
+        const int64_t mr = tile_rows(M, m0);  // the rows' tile (Act)
+        for (int64_t m = m0; m < m0 + mr; ++m)
+            quantize_row(x, m, m0, mr, K, A, S, nibble_order, z, xsums, q, scale, zsum, xsum, qsum, shift);
+        m0 += mr;
     }
 }
 

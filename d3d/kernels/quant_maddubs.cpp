@@ -16,7 +16,7 @@
 // column's 4 bytes: VNNI's vpermb, 8 columns at a time. The activations are broadcast 4 bytes at a time, as
 // there. int5's high bits become bytes 0x10 by a shuffle, a test and a mask (VNNI: vpshufbitqmb).
 //
-// Several rows: AVX2 has 16 registers, so a tile's rows run in chunks of up to CHUNK that share each group's
+// Several rows: AVX2 has 16 registers, so a tile's rows run in chunks of a few rows that share each group's
 // weights (the first chunk streams them from memory, the others read them from L1), and the fp32
 // accumulators of a tile live in L1.
 #include <torch/extension.h>
@@ -41,7 +41,10 @@ using d3d_quant::Weights;
 #pragma GCC target("avx2,fma,f16c")
 
 constexpr int64_t PREFETCH = 64;  // 64-byte loads ahead in a panel, as quant_vnni.cpp
-constexpr int CHUNK = 4;          // rows a pass over a group's weights takes: 8 int32 sums in registers
+// Rows a pass over a group's weights takes: two-level scales 4 (their sums, 8 registers, stay across a
+// super-block's groups), one-level 2 (16 rows' matmuls 5-8% faster than 4; docs/results/avx2-int8/chunks.txt).
+template <int SC>
+constexpr int CHUNK = SC == 2 ? 4 : 2;
 
 // [i][j] (4 x 16 bytes at p) -> columns 0-7 and 8-15, each lane one column's 4 bytes [i = 0..3].
 __attribute__((always_inline)) inline void transpose(const uint8_t* p, __m256i& c0, __m256i& c1) {
@@ -218,15 +221,15 @@ __attribute__((always_inline)) inline void block_rows(const Act& X, int64_t m0, 
     }
 }
 
-// The chunks of an MR-row tile: as even as possible, at most CHUNK rows each.
-constexpr int chunk_of(int MR) { return (MR + (MR + CHUNK - 1) / CHUNK - 1) / ((MR + CHUNK - 1) / CHUNK); }
+// The chunks of an MR-row tile: as even as possible, at most C rows each.
+constexpr int chunk_of(int MR, int C) { return (MR + (MR + C - 1) / C - 1) / ((MR + C - 1) / C); }
 
 // Every chunk of an MR-row tile over activation group a (two-level: super-block a), the first streaming the
 // weights (prefetching ahead), the others finding them in L1.
 template <int R0, int MR, int BITS, int SC, int A>
 __attribute__((always_inline)) inline void chunks(const Act& X, int64_t m0, int64_t a, const Weights& W, float* acc) {
     if constexpr (R0 < MR) {
-        constexpr int R = MR - R0 < chunk_of(MR) ? MR - R0 : chunk_of(MR);
+        constexpr int C = chunk_of(MR, CHUNK<SC>), R = MR - R0 < C ? MR - R0 : C;
         if constexpr (SC == 2)
             block_rows<R0, R, MR, BITS, A, R0 == 0>(X, m0, W, acc, a);
         else
