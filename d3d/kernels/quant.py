@@ -90,21 +90,20 @@ def matmul_vnni(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tens
     group is 16) and integer dot products (``quant_vnni.cpp``; numerics there). Needs AVX-512 VNNI.
     Two-level scales (this kernel only): ``s`` (and ``m``) int8 factors per group, ``sd`` (and ``md``)
     fp16 factors per super-block of groups, panels [P, D, 16]: the scale is fl(sd * s)."""
-    module, why = _load_vnni()
-    if module is None:
-        raise RuntimeError(f"d3d.kernels.quant: the VNNI kernel is unavailable: {why}")
-    _check(x, q, s, m, n, bits, h, two_level=sd is not None)
-    return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
-                         bits, _EMPTY if sd is None else sd, _EMPTY if md is None else md)
+    return _int8_matmul(_load_vnni(), "the VNNI kernel", x, q, s, m, n, bits, h, sd, md)
 
 
 def matmul_maddubs(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, n: int, bits: int,
                    h: torch.Tensor | None = None, sd: torch.Tensor | None = None,
                    md: torch.Tensor | None = None) -> torch.Tensor:
     """``matmul_vnni`` on AVX2 (``quant_maddubs.cpp``): the same arguments, the same bits."""
-    module, why = _load_maddubs()
+    return _int8_matmul(_load_maddubs(), "the AVX2 int8-activation kernel", x, q, s, m, n, bits, h, sd, md)
+
+
+def _int8_matmul(loaded, what, x, q, s, m, n, bits, h, sd, md):
+    module, why = loaded
     if module is None:
-        raise RuntimeError(f"d3d.kernels.quant: the AVX2 int8-activation kernel is unavailable: {why}")
+        raise RuntimeError(f"d3d.kernels.quant: {what} is unavailable: {why}")
     _check(x, q, s, m, n, bits, h, two_level=sd is not None)
     return module.matmul(x, q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, n, x.shape[1] // s.shape[1],
                          bits, _EMPTY if sd is None else sd, _EMPTY if md is None else md)

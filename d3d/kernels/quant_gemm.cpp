@@ -36,6 +36,7 @@ namespace {
 
 using d3d_quant::GROUP;
 using d3d_quant::NR;
+using d3d_quant::load8;
 using d3d_quant::load16;
 using d3d_quant::Weights;
 constexpr int64_t KC = 256;   // k per block: a panel slice stays in L1 while every row tile uses it
@@ -62,13 +63,6 @@ inline __m128i high_bits(uint32_t bits) {
     return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b, sel), sel), _mm_set1_epi8(0x10));
 }
 
-template <bool HALF>
-inline __m256 load8(const void* p, int64_t i) {
-    if constexpr (HALF)
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
-    else
-        return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-}
 
 // 16 signed bytes -> the dequantized weights of 16 columns (w0: columns 0-7, w1: 8-15); s/m: the group's.
 template <bool MIN>

@@ -33,6 +33,7 @@ using d3d_quant::Act;
 using d3d_quant::GROUP;
 using d3d_quant::MR_MAX;
 using d3d_quant::NR;
+using d3d_quant::load8;
 using d3d_quant::SUPER;
 using d3d_quant::tile_rows;
 using d3d_quant::Weights;
@@ -131,15 +132,6 @@ __attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights&
             }
         }
     }
-}
-
-// 8 scales (or mins) of a panel from element i on, as fp32.
-template <bool HALF>
-inline __m256 load8(const void* p, int64_t i) {
-    if constexpr (HALF)
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
-    else
-        return _mm256_loadu_ps(static_cast<const float*>(p) + i);
 }
 
 // Rows R0 .. R0 + R of an MR-row tile over activation group a (ia: the tile's values of the group), one scale
@@ -262,7 +254,8 @@ void tile_of(int64_t mr, const Act& X, int64_t m0, const Weights& W, float* y, i
 }
 
 // As quant_vnni.cpp's run: up to STREAM_ROWS rows a tile runs down the whole of K, one panel at a time; more
-// rows take k blocks of 256 across a thread's panels.
+// rows take k blocks of 256 across a thread's panels. Each kernel keeps this loop under its own target pragma,
+// so that its tiles inline into it (a template shared through quant_int8.h cost the matmuls of 8 rows ~2%).
 constexpr int64_t STREAM_ROWS = 16;
 
 template <int BITS, int SC>

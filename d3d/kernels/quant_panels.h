@@ -95,6 +95,18 @@ inline Weights checked(const char* who, const torch::Tensor& x, const torch::Ten
 }
 
 #pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+// 8 scales (or mins) of a panel from element i on, as fp32.
+template <bool HALF>
+inline __m256 load8(const void* p, int64_t i) {
+    if constexpr (HALF)
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+    else
+        return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
 #pragma GCC target("avx512f")
 // 16 scales (or mins) of a panel from element i on, as fp32.
 template <bool HALF>
