@@ -50,12 +50,12 @@ def build_kernels(log=print) -> bool:
     for what, source, available, why, without in KERNELS:
         start = time.perf_counter()
         if available():
-            log(f"  {source:16s} ready ({what}; {time.perf_counter() - start:.1f} s)")
+            log(f"  {source:17s} ready ({what}; {time.perf_counter() - start:.1f} s)")
             continue
         reason = why() or "unavailable"
         failed = "failed" in reason
         ok &= not failed
-        log(f"  {source:16s} {'FAILED' if failed else 'not for this CPU'}: {reason}; {without}")
+        log(f"  {source:17s} {'FAILED' if failed else 'not for this CPU'}: {reason}; {without}")
     return ok
 
 
