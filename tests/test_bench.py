@@ -175,8 +175,6 @@ def test_passes_each_configuration_reads_its_own_bytes(tmp_path):
                 "--out", str(out)])
     rows = {r["dtype"]: r for r in json.loads(out.read_text())["results"]}
     assert rows["float32"]["streamed_bytes"] == 2 * rows["bfloat16"]["streamed_bytes"]
-    for r in rows.values():
-        assert r["gb_s"] == pytest.approx(r["streamed_bytes"] / r["ms"] / 1e6)
 
 
 def test_passes_floor_is_the_slower_of_memory_and_multiply_adds():

@@ -151,8 +151,8 @@ needs_vnni = pytest.mark.skipif(not kernel.vnni_available(),
                                 reason=f"VNNI kernel unavailable: {kernel.why_vnni_unavailable()}")
 
 
-needs_maddubs = pytest.mark.skipif(kernel._load_maddubs()[0] is None,
-                                   reason=f"AVX2 int8 kernel unavailable: {kernel._load_maddubs()[1]}")
+needs_maddubs = pytest.mark.skipif(not kernel.maddubs_available(),
+                                   reason=f"AVX2 int8 kernel unavailable: {kernel.why_maddubs_unavailable()}")
 # The int8-activation kernels: the same arguments, the same bits
 INT8_KERNELS = {"vnni": (kernel.matmul_vnni, needs_vnni), "avx2": (kernel.matmul_maddubs, needs_maddubs)}
 
@@ -170,7 +170,7 @@ def test_vnni_builds_where_the_cpu_and_a_compiler_allow():
     else:
         assert not kernel.vnni_available()
     if {"avx2", "fma", "f16c"} <= hardware.cpu_flags() and compiler:
-        assert kernel.int8_available() and kernel._load_maddubs()[0] is not None, kernel.why_int8_unavailable()
+        assert kernel.int8_available() and kernel.maddubs_available(), kernel.why_maddubs_unavailable()
 
 
 @pytest.mark.parametrize("matmul,bits,half,M,N,K,group", int8_cases([

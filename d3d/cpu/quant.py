@@ -230,7 +230,7 @@ def int8_activations(k: int, group: int) -> bool:
     int8 wherever a kernel builds (AVX-512 VNNI, else AVX2; the same bits). Chosen on the real model: shorter
     decoding steps and faster validation requests with the defaults (which then verify with ``exact``
     attention, ``d3d.decode.engines.generate``; docs/results/quant/README.md, passes.json); on AVX2, steps
-    and verifications 1.8-2.2x shorter (docs/results/avx2-int8/). Its accuracy cost:
+    and 8-row verifications 1.7-2.5x shorter (docs/results/avx2-int8/). Its accuracy cost:
     docs/results/quant/quality_qwen25.json."""
     choice = env.read("D3D_QUANT_ACTIVATIONS")
     fits = (group == 16 or group % 32 == 0) and k % (16 if group == 16 else 32) == 0
@@ -261,8 +261,7 @@ def int5_kept() -> bool:
     what the bytes it saves do (docs/results/quant/kernels.txt), and so with int8 activations on AVX2
     (passes of the real 0.5B 6-14% shorter than with int5 widened, docs/results/avx2-int8/); the AVX2 code
     with fp32 activations unpacks it much slower than int8, so there int5 is widened to int8 at load (exact)."""
-    return {"avx512bw", "avx512vl"} <= cpu_flags() or (env.read("D3D_QUANT_ACTIVATIONS") != "fp32"
-                                                       and kernel.int8_available())
+    return {"avx512bw", "avx512vl"} <= cpu_flags() or int8_activations(32, 32)  # Q5_0: groups of 32
 
 
 def widen(parts: tuple) -> tuple:

@@ -69,6 +69,14 @@ def _load_maddubs():
     return build("d3d_quant_maddubs", MADDUBS_SOURCE, AVX2_FLAGS, needs=AVX2 | {"f16c"})
 
 
+def maddubs_available() -> bool:
+    return _load_maddubs()[0] is not None
+
+
+def why_maddubs_unavailable() -> str | None:
+    return _load_maddubs()[1]
+
+
 def int8_kernel():
     """The int8-activation kernel this CPU runs: VNNI's where it has AVX-512 VNNI, else the AVX2 one (the same
     bits); None where neither builds."""
@@ -316,7 +324,7 @@ def bound(q, h, s, m, n, group, bits, int8_activations: bool = False, sd=None, m
 
 
 __all__ = ["available", "why_unavailable", "vnni_available", "why_vnni_unavailable", "int8_available",
-           "why_int8_unavailable", "int8_kernel", "matmul", "matmul_vnni", "matmul_maddubs",
+           "why_int8_unavailable", "maddubs_available", "why_maddubs_unavailable", "int8_kernel", "matmul", "matmul_vnni", "matmul_maddubs",
            "bound", "to_panels", "from_panels", "bits_to_panels", "bits_from_panels", "int6_to_panels",
            "int6_from_panels", "pack_nibbles", "unpack_nibbles", "unpack_bits", "pack_bits", "dequantize", "PANEL",
            "ISAS"]

@@ -42,8 +42,8 @@ using d3d_quant::Weights;
 #pragma GCC target("avx2,fma,f16c")
 
 constexpr int64_t PREFETCH = 64;  // 64-byte loads ahead in a panel, as quant_vnni.cpp
-// Rows a pass over a group's weights takes: two-level scales 4 (their sums, 8 registers, stay across a
-// super-block's groups), one-level 2 (16 rows' matmuls 5-8% faster than 4; docs/results/avx2-int8/chunks.txt).
+// Rows a pass over a group's weights takes: two-level scales 4 (8-16 rows' matmuls 13-19% faster than with 2),
+// one-level 2 (16 rows' matmuls 5-9% faster than with 4; docs/results/avx2-int8/chunks.txt).
 template <int SC>
 constexpr int CHUNK = SC == 2 ? 4 : 2;
 
@@ -81,7 +81,7 @@ __attribute__((always_inline)) inline __m256i bcast(const int8_t* x) {
 }
 
 // The integer sums of R rows x one panel (columns 0-7: I[m][0], 8-15: I[m][1]) over one activation group
-// k0 .. k0 + A: I += q qx (int4/int6: (q + z) qx). xt: the first row's activations in a tile of LD rows (Act).
+// k0 .. k0 + A: I += (q + z) qx (int8: q qx). xt: the first row's activations in a tile of LD rows (Act).
 template <int R, int BITS, int A, int LD, bool PF>
 __attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights& W, int64_t k0, __m256i (&I)[R][2]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
