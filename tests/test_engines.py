@@ -21,14 +21,15 @@ from d3d.model.transformer import Transformer
 V = 48
 
 
-TEST_DEFAULTS = dict(successor_threshold=0.0, lookup=0, verify_min_prob=0.05)
+TEST_DEFAULTS = dict(successor_threshold=0.0, lookup=0, verify_min_prob=0.05, draft_size=64)
 KNOBS = {f.name for f in dataclasses.fields(SpecConfig)}
 
 
 def generate(*args, spec=None, **kw):
     """These tests exercise the full D3D async path: a successor every round unless a test says
     otherwise (the library's CPU default skips unlikely successors, tested separately), and every
-    draft from the drafter (copied drafts, sync's default, are tested in test_lookup.py), and
+    draft from the drafter (copied drafts, sync's default, are tested in test_lookup.py) over a whole block
+    (sync's CPU default drafts 4 tokens a pass: test_lookup.py too), and
     drafts cut at a fixed joint probability of 0.05 (the CPU default "auto" measures it as it runs,
     so its rounds depend on timing: test_row_price.py). Parametrized helpers may pass the knobs as
     keywords (``mode="sync", leaves=3``): they are folded into ``spec``."""

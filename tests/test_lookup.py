@@ -76,6 +76,28 @@ def test_default_lookup_three_for_sync_none_for_async():
     assert library_generate(target, REPEATING, max_new_tokens=40, stop_ids=[], drafter=drafter, spec="async").stats.lookup_drafts == 0
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_draft_size_shortens_the_drafters_blocks_not_the_copies(mode):
+    """draft_size=2: every drafter block drafts 2 tokens, copied chains still run to B - 1 = 4, and the output
+    is ar's; the CPU default in sync is 4 drafted tokens, elsewhere the whole block."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    rounds = []
+    out = generate(target, REPEATING, max_new_tokens=40, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                   spec=SpecConfig(mode=mode, lookup=1, draft_size=2, verify_min_prob=0.0))
+    assert out.tokens == reference(target, REPEATING, 40)
+    drafted = [r for r in rounds if not r.copied and not r.successor_used and r.draft]
+    assert drafted and all(len(r.draft) == 2 for r in drafted)
+    assert max(len(r.draft) for r in rounds if r.copied) == 4
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert SpecConfig("sync").resolve(cpu, drafter_block_size=16).draft_size == 4
+    assert SpecConfig("sync").resolve(cuda, drafter_block_size=16).draft_size == 15
+    assert SpecConfig("async").resolve(cpu, drafter_block_size=16).draft_size == 15
+    assert SpecConfig("sync", draft_size=9).resolve(cpu, drafter_block_size=5).draft_size == 4
+    with pytest.raises(ValueError, match="draft_size=0"):
+        SpecConfig.parse("sync draft_size=0")
+
+
 def test_copied_rounds_are_reported():
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)

@@ -48,6 +48,7 @@ class SpecConfig:
     block_size: int | None = None  # tokens per round B (None: the drafter's)
     lookup: int | None = None  # copy the draft from the context after a match of this many tokens; 0 never
     leaves: int | None = None  # the drafter's likeliest bonus tokens verified beside the drafts
+    draft_size: int | None = None  # tokens a synchronous drafter pass drafts (None: block_size - 1; copies: all)
     # verify drafts while their joint estimate beats this; "auto" (resolved: Fixed or PricedCut)
     verify_min_prob: "float | str | Fixed | PricedCut | None" = None
     hypotheses: int | None = None  # async: outcomes (accept length, bonus) drafted ahead per round
@@ -93,7 +94,8 @@ class SpecConfig:
         """Every set value is of its kind, or a ValueError names the field."""
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}: expected one of {', '.join(MODES)}")
-        for name, least in (("block_size", 2), ("hypotheses", 1), ("fanout", 1), ("leaves", 0), ("lookup", 0)):
+        for name, least in (("block_size", 2), ("hypotheses", 1), ("fanout", 1), ("leaves", 0), ("lookup", 0),
+                            ("draft_size", 1)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
                 raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
@@ -135,6 +137,8 @@ class SpecConfig:
         table = defaults(device, self.mode, exact and not row_invariant, int8_activations)
         spec = self.replace(exact=exact, block_size=self.block_size or drafter_block_size,
                             **{k: v for k, v in table.items() if getattr(self, k) is None})
+        if spec.block_size is not None:  # the drafter's block: at most B - 1 masks, all of them where unmeasured
+            spec = spec.replace(draft_size=min(spec.draft_size or spec.block_size - 1, spec.block_size - 1))
         spec = spec.replace(verify_min_prob=as_cut(spec.verify_min_prob, gate=spec.mode != "async"),
                             successor_threshold=as_successor_threshold(spec.successor_threshold))
         if spec.exact and spec.leaves and not row_invariant:
@@ -154,6 +158,9 @@ HELP = {
     "block_size": "tokens per round B (default: the drafter's, 16)",
     "lookup": "sync/async: when the last N tokens occurred earlier in the prompt or output, copy what followed "
               "them as the draft instead of asking the drafter (prompt lookup; lossless); 0 = never",
+    "draft_size": "sync/async: tokens the drafter drafts in a synchronous pass (its block: the anchor and this "
+                  "many masks; at most block_size - 1, which copied drafts still reach). Where rows cost time a "
+                  "shorter block costs the drafter less and the cut verifies few drafts anyway",
     "leaves": "sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target row each: a "
               "round whose bonus is one of them commits one more token (lossless; not with exact)",
     "verify_min_prob": "sync/async: verify only the leading drafts the drafter believes in jointly with probability "
@@ -179,6 +186,8 @@ def defaults(device: torch.device, mode: str, exact: bool = False, int8_activati
     cuda = device.type == "cuda"
     return {
         "lookup": 0 if mode == "async" else 3,  # docs/results/lookup/validation_choice*.json; async: unmeasured
+        # sync on a CPU: blocks of 4 + 1 beat 15 + 1 on code and explanations (docs/results/draft-size/); else all
+        "draft_size": 4 if mode == "sync" and not cuda else None,  # None: block_size - 1
         # sync: docs/results/leaves/ (bf16), docs/results/quant/ (quantized), docs/results/panels/ab.txt and
         # docs/results/leaves/validation_fp32_onednn_auto.json (fp32); the row price drops those not worth a row
         # exact (one row at a time) refuses leaves; int8 activations (the real model's GGUF): 2 leaves were no

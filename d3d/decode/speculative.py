@@ -5,7 +5,7 @@ A D3D round (``SpeculativeDecoder.step``), for every running sequence (``schedul
     1 draft       the round's B-1 drafts from the first source that has one (``d3d.decode.sources``): a
                   hypothesis of the last round that matched its outcome, a copy from the context
                   (``lookup``), the target's earlier answers (``datastore``), else one drafter pass over
-                  [uncached committed tokens ; anchor, mask x (B-1)] for all sequences still without a
+                  [uncached committed tokens ; anchor, mask x draft_size] for all sequences still without a
                   draft; then the plan: n = B-1, or with ``verify_min_prob`` only the drafts the drafter
                   believes in (``Draft.likely_length``), and the leaves worth their rows
     2 verify      one target pass over [anchor, d_1..d_n]. With ``leaves`` L the pass also verifies the
@@ -192,8 +192,10 @@ class Drafting:
     hypotheses pass (steps 1, 3 and the drafter's part of 5 in the module docstring)."""
 
     def __init__(self, drafter: "Drafter", dcache, stats: GenerationStats, block_size: int, use_hyps: bool, K: int,
-                 fanout: int, leaves: int = 0, sources=()):
+                 fanout: int, leaves: int = 0, draft_size: int | None = None, sources=()):
         self.drafter, self.dcache, self.stats, self.B = drafter, dcache, stats, block_size
+        # the synchronous block: the anchor and draft_size masks (copied drafts still reach B - 1)
+        self.size = block_size if draft_size is None else min(block_size, draft_size + 1)
         self.sources = list(sources)  # asked in order before the drafter (d3d.decode.sources)
         self.use_hyps, self.K, self.fanout, self.L = use_hyps, K, fanout, leaves
         # top tokens kept per position: the bonus candidates of hypotheses and leaves
@@ -232,11 +234,11 @@ class Drafting:
 
     def draft(self, seqs: list[Sequence]) -> list[Draft]:
         """Step 1 for sequences without a ready draft: one drafter pass over each one's uncached committed
-        tokens and the block [anchor, mask x (B-1)]."""
+        tokens and the block [anchor, mask x draft_size]."""
         lengths = self.dcache.lengths
         d = self.drafter.draft_blocks(self.dcache, [s.row for s in seqs], [s.tokens[lengths[s.row]:-1] for s in seqs],
                                       [[Block(len(s.tokens) - 1 - lengths[s.row], s.tokens[-1])] for s in seqs],
-                                      self.B, top=self.top)
+                                      self.size, top=self.top)
         self.stats.drafter_forwards += self.drafter.dcfg.denoise_steps
         return host_drafts(d)
 
@@ -309,7 +311,7 @@ class SpeculativeDecoder(Decoder):
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
         self.verifier = Verifier(target, tcache)
-        self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves,
+        self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves, spec.draft_size,
                              draft_sources(spec.lookup, spec.datastore))
 
     @torch.inference_mode()

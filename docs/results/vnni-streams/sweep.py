@@ -2,7 +2,8 @@
 embedding table, a lookup, left out unless it is the LM head too), at 1, 2, 4, 8 and 16 rows, by the VNNI
 kernel of this checkout and by the same file at another git revision, built side by side. Sweeps
 interleaved, medians; ms and the GB/s at which the matrices' bytes were read, beside the machine's read
-bandwidth. Both kernels must give the same bits (checked first, at 5 and 16 rows).
+bandwidth. Both kernels must give the same bits (checked first, at 5 and 16 rows). ``--kernel maddubs``
+times the AVX2 kernel (quant_maddubs.cpp) instead.
 
     python docs/results/vnni-streams/sweep.py qwen2.5-coder-1.5b --against 789d062 --repeats 9
 """
@@ -43,18 +44,22 @@ def kernel_args(w: QuantWeight) -> tuple:
             e if w.min_d is None else w.min_d)
 
 
-def build_at(rev: str):
-    """quant_vnni.cpp (and the headers beside it) as of ``rev``, built as its own extension."""
+SOURCES = {"vnni": "quant_vnni.cpp", "maddubs": "quant_maddubs.cpp"}
+
+
+def build_at(rev: str, kernel: str = "vnni"):
+    """quant_vnni.cpp or quant_maddubs.cpp (and the headers beside it) as of ``rev``, built as its own extension."""
+    source = SOURCES[kernel]
     from torch.utils.cpp_extension import load
 
     where = Path(tempfile.mkdtemp(prefix="vnni-"))
     listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "d3d/kernels/"], check=True,
                             capture_output=True, text=True).stdout.split()
-    for f in ["quant_vnni.cpp"] + [Path(p).name for p in listed if p.endswith(".h")]:
+    for f in [source] + [Path(p).name for p in listed if p.endswith(".h")]:
         (where / f).write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:d3d/kernels/{f}"],
                                                check=True, capture_output=True).stdout)
-    print(f"building quant_vnni.cpp at {rev} ...", flush=True)
-    return load(name=f"vnni_at_{rev}", sources=[str(where / "quant_vnni.cpp")], extra_cflags=AVX2_FLAGS,
+    print(f"building {source} at {rev} ...", flush=True)
+    return load(name=f"{kernel}_at_{rev}", sources=[str(where / source)], extra_cflags=AVX2_FLAGS,
                 extra_ldflags=["-fopenmp"], build_directory=str(where), verbose=False)
 
 
@@ -63,6 +68,7 @@ def main():
     ap.add_argument("model", help="a fetched model's name (python -m d3d fetch NAME) or a checkpoint directory")
     ap.add_argument("--against", default="HEAD", help="git revision of the kernel to compare with (default HEAD)")
     ap.add_argument("--repeats", type=int, default=9, help="sweeps per (kernel, rows) (default 9)")
+    ap.add_argument("--kernel", choices=sorted(SOURCES), default="vnni", help="which int8 kernel (default vnni)")
     args = ap.parse_args()
     from d3d.model.checkpoint import load_model
 
@@ -71,7 +77,10 @@ def main():
     ws = matrices(load_model(path, weights="auto"))
     calls = [kernel_args(w) for w in ws]
     nbytes = sum(t.numel() * t.element_size() for a in calls for t in a if isinstance(t, torch.Tensor))
-    kernels = {"this checkout": K._load_vnni()[0], args.against: build_at(args.against)}
+    ours = K._load_vnni() if args.kernel == "vnni" else K._load_maddubs()
+    if ours[0] is None:
+        raise SystemExit(f"--kernel {args.kernel}: this checkout's kernel is unavailable: {ours[1]}")
+    kernels = {"this checkout": ours[0], args.against: build_at(args.against, args.kernel)}
     xs = {r: {k: torch.randn(r, k) for k in {w.in_features for w in ws}} for r in ROWS}
     for w, a in zip(ws, calls):  # the same bits
         for x in (xs[16][w.in_features][:5], xs[16][w.in_features]):
