@@ -194,8 +194,8 @@ class Drafting:
     def __init__(self, drafter: "Drafter", dcache, stats: GenerationStats, block_size: int, use_hyps: bool, K: int,
                  fanout: int, leaves: int = 0, draft_size: int | None = None, sources=()):
         self.drafter, self.dcache, self.stats, self.B = drafter, dcache, stats, block_size
-        # the synchronous block: the anchor and draft_size masks (copied drafts still reach B - 1)
-        self.size = block_size if draft_size is None else min(block_size, draft_size + 1)
+        # the synchronous block: the anchor and draft_size masks (at most B - 1, SpecConfig.resolve; copies reach B - 1)
+        self.size = block_size if draft_size is None else draft_size + 1
         self.sources = list(sources)  # asked in order before the drafter (d3d.decode.sources)
         self.use_hyps, self.K, self.fanout, self.L = use_hyps, K, fanout, leaves
         # top tokens kept per position: the bonus candidates of hypotheses and leaves
