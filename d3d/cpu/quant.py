@@ -183,13 +183,17 @@ class QuantWeight:
     def __getstate__(self):  # a copy (or a pickle) binds the kernel to its own panels when it first multiplies
         return {**self.__dict__, "_call": None}
 
+    def kernel_args(self) -> dict:
+        """What the kernel takes besides x (``kernels.quant.bound``; ``d3d.kernels.layers_cpu`` too)."""
+        return dict(q=self.q, h=self.high, s=self.scale, m=self.min, n=self.out_features, group=self.group,
+                    bits=6 if self.six else self.bits, sd=self.scale_d, md=self.min_d)
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] @ W^T (+ bias), computed in fp32 and returned in x's dtype. A decoding pass's x, [T, K]
         contiguous fp32, goes to the kernel as it is: the reshapes and casts had cost ~5 us a call, ~120 calls a
         pass (docs/results/pass-rest/)."""
         if self._call is None:  # bound on first use: the kernel is built then, not when a model loads
-            self._call = kernel.bound(self.q, self.high, self.scale, self.min, self.out_features, self.group,
-                                      6 if self.six else self.bits, self.int8_activations, self.scale_d, self.min_d)
+            self._call = kernel.bound(**self.kernel_args(), int8_activations=self.int8_activations)
         if x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
             y = self._call(x)
             return y if bias is None else y.add_(bias)

@@ -339,4 +339,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attend", &attend, "packed attention over the KV cache, every query row computed alone (see the top)",
           py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("rows"), py::arg("nkeys"), py::arg("first"),
           py::arg("mask"), py::arg("scale"), py::arg("isa") = 0);
+    m.def("address", [] { return reinterpret_cast<int64_t>(&attend); }, "attend's address (layers_cpu.cpp calls it)");
 }

@@ -212,5 +212,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("slots"), py::arg("H"), py::arg("Hkv"));
     m.def("rms_norm", &rms_norm, "rms_norm over the last dim, per row in fp32, rounded once (see the top)",
           py::arg("x"), py::arg("weight"), py::arg("eps"));
+    m.def("addresses", [] {
+        py::dict d;
+        d["rms_norm"] = reinterpret_cast<int64_t>(&rms_norm);
+        d["rope_write"] = reinterpret_cast<int64_t>(&rope_write);
+        return d;
+    }, "rms_norm's and rope_write's addresses (layers_cpu.cpp calls them)");
     m.def("argmax", &argmax, "each row's first maximum over the last dim, as torch.argmax (see the top)", py::arg("x"));
 }

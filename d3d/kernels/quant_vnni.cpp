@@ -376,6 +376,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("matmul", &matmul, "x [M, K] fp32 @ W^T with int8 activations and VNNI dot products -> y [M, N]",
           py::arg("x"), py::arg("q"), py::arg("h"), py::arg("s"), py::arg("m"), py::arg("N"), py::arg("G"),
           py::arg("bits"), py::arg("sd") = torch::Tensor(), py::arg("md") = torch::Tensor());
+    m.def("address", [] { return reinterpret_cast<int64_t>(&matmul); }, "matmul's address (layers_cpu.cpp calls it)");
     m.def("dot_probe", &dot_probe, "per_thread vpdpbusd on 12 chains in each thread -> a checksum",
           py::arg("per_thread"));
 }

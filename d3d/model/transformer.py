@@ -24,11 +24,11 @@ from torch import nn
 from ..cpu import linear as cpu_linear
 from .cache import KVCache, PassLayout
 from .config import ModelConfig
-from ..kernels import glue_cpu, use_triton
+from ..kernels import glue_cpu, layers_cpu, use_triton
 from ..kernels.attention import attend_torch, packed_attention
 from ..kernels.attention_cpu import CpuPlan, attend_cpu, fits
 from ..cpu.precision import WeightsChoice
-from ..cpu.quant import is_quantized, quantize
+from ..cpu.quant import QuantWeight, Stacked, is_quantized, quantize
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -268,6 +268,41 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")  # layers_cpu's order
+
+
+def bind_cpu_layers(model: "Transformer"):
+    """``model``'s decoder layers bound to ``d3d.kernels.layers_cpu`` (a decoding pass's layers in one C++ call,
+    the same bits), or None where that does not apply: a CPU model in fp32 activations whose every projection is
+    a quantized matrix multiplying int8 activations (the GGUF's blocks, ``d3d.cpu.quant``), Qwen2 (no QK norm)
+    with heads attend_cpu computes, and every kernel built."""
+    cfg = model.cfg
+    if (model.device.type != "cpu" or model.dtype != torch.float32 or cfg.qk_norm or not model.layers
+            or not fits(cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)):
+        return None
+    parts = []
+    for layer in model.layers:
+        mats = [layer.get_submodule(name).weight for name in PROJECTIONS]
+        blocks = [m.parts if isinstance(m, Stacked) else [m] for m in mats]
+        if not all(isinstance(b, QuantWeight) and b.int8_activations for bs in blocks for b in bs):
+            return None
+        parts.append(blocks)
+    if not layers_cpu.available():
+        return None
+    bound = layers_cpu.new_layers(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps)
+    empty = torch.empty(0)
+    for layer, blocks in zip(model.layers, parts):
+        bound.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        for which, (name, bs) in enumerate(zip(PROJECTIONS, blocks)):
+            for b in bs:
+                a = {k: empty if v is None else v for k, v in b.kernel_args().items()}
+                bound.add_part(which, **a)
+            bias = layer.get_submodule(name).bias
+            if bias is not None:
+                bound.set_bias(which, bias)
+    return bound
+
+
 class Transformer(nn.Module):
     """Qwen3/Qwen2 decoder-only language model."""
 
@@ -281,6 +316,8 @@ class Transformer(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.source: Path | None = None  # the checkpoint directory it was loaded from, if any
         self.weights_choice: WeightsChoice | None = None  # how load_weights held the matrices (None: built here)
+        self.cpu_layers = True  # decoding passes through d3d.kernels.layers_cpu where it applies (False: never)
+        self._cpu_layers = None  # bind_cpu_layers' result once asked (False: does not apply)
 
     # ---------------------------------------------------------------- helpers
 
@@ -365,10 +402,19 @@ class Transformer(nn.Module):
         self.weights_choice = choice
         return self.eval().requires_grad_(False).pack_for_cpu()
 
+    def _apply(self, fn, recurse=True):  # .to(), .float(), ...: layers bound to the old tensors are bound again
+        self._cpu_layers = None
+        return super()._apply(fn, recurse)
+
+    def load_state_dict(self, *args, **kwargs):
+        self._cpu_layers = None
+        return super().load_state_dict(*args, **kwargs)
+
     def set_weight(self, name: str, weight) -> None:
         """Put a quantized matrix (``d3d.cpu.quant``) where the parameter ``name`` (ours, e.g.
         ``layers.0.mlp.down_proj.weight`` or ``embed_tokens.weight``) is: its module is replaced by a
         ``QuantLinear`` (keeping the bias) or a ``QuantEmbedding``."""
+        self._cpu_layers = None  # bound again when next asked
         if name == "embed_tokens.weight":
             self.embed_tokens = QuantEmbedding(weight)
             return
@@ -383,6 +429,16 @@ class Transformer(nn.Module):
         return KVCache(self.cfg, rows, max_len, dtype or self.cache_dtype, self.device)
 
     # ---------------------------------------------------------------- forward
+
+    def _bound_cpu_layers(self, x, layout, cache):
+        """``bind_cpu_layers``' result where this pass can take it: a packed inference pass over an fp32 cache
+        whose attention runs on attend_cpu (``CpuPlan``: at most ``MAX_QUERIES`` rows); else None."""
+        if (cache is None or not self.cpu_layers or torch.is_grad_enabled() or x.dtype != torch.float32
+                or x.dim() != 2 or cache.k[0].dtype != torch.float32 or not isinstance(layout.plan(), CpuPlan)):
+            return None
+        if self._cpu_layers is None:
+            self._cpu_layers = bind_cpu_layers(self) or False
+        return self._cpu_layers or None
 
     def _pass_inputs(self, input_ids, layout, cache, attn_mask, positions):
         """``forward``'s inputs in the form the layers take: a dense pass gets RoPE tables per position
@@ -438,7 +494,12 @@ class Transformer(nn.Module):
         x = self.embed_tokens(input_ids)
         wanted = set(hidden_layers)
         hidden = {0: x} if 0 in wanted else {}
-        for i, layer in enumerate(self.layers):
+        fused = None if wanted else self._bound_cpu_layers(x, layout, cache)
+        if fused is not None:  # the same layers in one C++ call (d3d.kernels.layers_cpu): the same bits
+            plan, D = layout.plan(), self.cfg.head_dim
+            x = fused.run(x, cos.reshape(-1, D), sin.reshape(-1, D), cache.k, cache.v, layout.write_rows,
+                          layout.slots, plan.rows, plan.nkeys, plan.first, plan.mask, D ** -0.5)
+        for i, layer in enumerate(self.layers if fused is None else ()):
             kc = vc = None
             if cache is not None:
                 kc, vc = cache.k[i], cache.v[i]
