@@ -130,7 +130,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              py::arg("sd"), py::arg("md"), py::arg("n"), py::arg("group"), py::arg("bits"))
         .def("set_bias", &Layers::set_bias, py::arg("which"), py::arg("bias"))
         .def("__len__", &Layers::size)
+        // without the GIL: a pass takes milliseconds, and a server's other threads go on meanwhile
         .def("run", &Layers::run, "x after every layer (see the top)", py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k"), py::arg("v"), py::arg("write_rows"), py::arg("slots"), py::arg("rows"), py::arg("nkeys"),
-             py::arg("first"), py::arg("mask"), py::arg("scale"));
+             py::arg("first"), py::arg("mask"), py::arg("scale"), py::call_guard<py::gil_scoped_release>());
 }
