@@ -19,7 +19,7 @@ import torch
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, INSTALL_HINTS, models_dir
 from .cpu.precision import auto_dtype
 from .hardware import cpu_flags, llc_bytes
-from .kernels import attention_cpu, glue_cpu, quant, skinny
+from .kernels import attention_cpu, glue_cpu, layers_cpu, quant, skinny
 
 # (what, source, whether this machine has it, why not, what d3d does without it)
 KERNELS = (
@@ -35,6 +35,8 @@ KERNELS = (
      "attention runs on torch's SDPA; exact verification attends one row at a time and takes no leaves"),
     ("decoding glue", "glue_cpu.cpp", glue_cpu.available, glue_cpu.why_unavailable,
      "RMSNorm runs as torch's layer_norm (slower steps)"),
+    ("decoding layers", "layers_cpu.cpp", layers_cpu.available, layers_cpu.why_unavailable,
+     "a decoding pass's layers run as Python modules (steps 8-16% longer on the real models)"),
 )
 FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bitalg",
          "avx512_bf16", "amx_bf16", "amx_int8")

@@ -2,8 +2,9 @@
 
 Its reference is ``DecoderLayer.forward`` (``Transformer.cpu_layers = False``): logits and the K/V it writes
 must be equal bit for bit, over the block formats of the real models' GGUFs (q/k/v of two formats
-stacked, biases, two-level K-quant scales, int6), one row and many, several sequences, drafter blocks
-(group ids and reach), and where it does not apply the Python layers run.
+stacked, biases, two-level K-quant scales, int6) and dense matrices (fp32 panels, oneDNN's fp32 and bf16
+blocks, Qwen3's QK norms), one row and many, several sequences, drafter blocks (group ids and reach), and
+where it does not apply the Python layers run.
 """
 
 import numpy as np
@@ -27,10 +28,10 @@ KINDS = [("Q5_0", "Q5_0", "Q8_0", "Q5_0", "Q4_K", "Q4_K", "Q6_K"),
 
 
 def test_builds_where_the_kernels_it_calls_build():
-    """Not a silent skip: wherever the int8 matmul, glue_cpu and attend_cpu build, so does this."""
+    """Not a silent skip: wherever glue_cpu and attend_cpu build, so does this."""
     from d3d.kernels import attention_cpu, glue_cpu
 
-    if kernel.int8_available() and glue_cpu.available() and attention_cpu.available():
+    if glue_cpu.available() and attention_cpu.available():
         assert layers_cpu.available(), layers_cpu.why_unavailable()
 
 
@@ -75,6 +76,27 @@ def both_ways(model, cache, ids, layout_args):
     return out
 
 
+def check_passes(model, vocab: int) -> None:
+    """Passes of one row and many, several sequences, drafter blocks (group ids, reach): the one call gives the
+    Python layers' logits and K/V, bit for bit; and it ran."""
+    cache = model.new_cache(3, 128)
+    g = torch.Generator().manual_seed(1)
+    with torch.inference_mode():  # some context in rows 0 and 2
+        model(torch.randint(0, vocab, (40,), generator=g), cache.layout([17, 23], rows=[0, 2]), cache)
+    passes = [([1], [0]), ([5], [2]), ([16], [0]), ([3, 1, 2], [0, 1, 2]),  # rows of one and of many
+              ([4, 4], [2, 0], [[0, 1, 1, 1], [0, 0, 1, 2]]),  # drafter blocks: group ids
+              ([6], [1], [[0, 0, 1, 1, 2, 2]], False, [[0, 0, 1, 1, 1, 1]])]  # ... and reach
+    for args in passes:
+        ids = torch.randint(0, vocab, (sum(args[0]),), generator=g)
+        (a, ka, va), (b, kb, vb) = both_ways(model, cache, ids, args)
+        assert torch.isfinite(a).all()
+        assert torch.equal(a, b), args
+        assert all(torch.equal(x, y) for x, y in zip(ka + va, kb + vb)), args
+        with torch.inference_mode():  # keep going from there: later passes see more context
+            model(ids, cache.layout(*args), cache)
+    assert model._cpu_layers  # the one call ran (it was not silently left out)
+
+
 @needs_layers
 def test_one_call_gives_the_python_layers_bits():
     model = qwen2_model()
@@ -83,22 +105,49 @@ def test_one_call_gives_the_python_layers_bits():
     if not all(p.int8_activations for w in ws for p in (w.parts if isinstance(w, Stacked) else [w])):
         pytest.skip("D3D_QUANT_ACTIVATIONS=fp32: the one call multiplies int8 activations only")
     assert bind_cpu_layers(model) is not None
-    cache = model.new_cache(3, 128)
-    g = torch.Generator().manual_seed(1)
-    with torch.inference_mode():  # some context in rows 0 and 2
-        model(torch.randint(0, 512, (40,), generator=g), cache.layout([17, 23], rows=[0, 2]), cache)
-    passes = [([1], [0]), ([5], [2]), ([16], [0]), ([3, 1, 2], [0, 1, 2]),  # rows of one and of many
-              ([4, 4], [2, 0], [[0, 1, 1, 1], [0, 0, 1, 2]]),  # drafter blocks: group ids
-              ([6], [1], [[0, 0, 1, 1, 2, 2]], False, [[0, 0, 1, 1, 1, 1]])]  # ... and reach
-    for args in passes:
-        ids = torch.randint(0, 512, (sum(args[0]),), generator=g)
-        (a, ka, va), (b, kb, vb) = both_ways(model, cache, ids, args)
-        assert torch.isfinite(a).all()
-        assert torch.equal(a, b), args
-        assert all(torch.equal(x, y) for x, y in zip(ka + va, kb + vb)), args
-        with torch.inference_mode():  # keep going from there: later passes see more context
-            model(ids, cache.layout(*args), cache)
-    assert model._cpu_layers  # the one call ran (it was not silently left out)
+    check_passes(model, 512)
+
+
+def dense_model(arch: str, dtype: torch.dtype) -> Transformer:
+    """A two-layer Qwen3 (QK norms) or Qwen2 (biases) with dense matrices in ``dtype``, packed for the CPU."""
+    cfg = preset("qwen3-tiny", hidden_size=128, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=32, vocab_size=512, qk_norm=arch == "qwen3", attention_bias=arch == "qwen2")
+    model = Transformer(cfg).to(dtype).eval().requires_grad_(False)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if "norm" in name:
+                t.uniform_(0.5, 1.5)
+            elif "bias" in name:
+                t.normal_(0, 0.5)
+    return model.pack_for_cpu()
+
+
+@needs_layers
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
+@pytest.mark.parametrize("matmul", ["onednn", "panels", "onednn-bf16"])
+def test_dense_matrices_take_the_one_call_too(arch, matmul, monkeypatch):
+    """fp32 panels (AVX2 CPUs), oneDNN's fp32 and bf16 blocks, Qwen3's QK norms: the Python layers' bits; a
+    weight trained in place since is copied again."""
+    from d3d.cpu import linear as cpu_linear
+    from d3d.kernels import skinny
+
+    dtype = torch.bfloat16 if matmul == "onednn-bf16" else torch.float32
+    if matmul == "panels" and not skinny.available():
+        pytest.skip(f"fp32 panels unavailable: {skinny.why_unavailable()}")
+    if matmul != "panels" and not cpu_linear.packs(dtype):
+        pytest.skip(f"oneDNN does not pack {dtype} on this CPU")
+    monkeypatch.setenv("D3D_CPU_MATMUL", "panels" if matmul == "panels" else "onednn")
+    model = dense_model(arch, dtype)
+    packed = getattr(model.layers[0].mlp.down_proj.weight, cpu_linear.ATTR)
+    assert isinstance(packed, cpu_linear.PanelWeight if matmul == "panels" else cpu_linear.PackedWeight)
+    check_passes(model, 512)
+    trained = [model.layers[1].mlp.down_proj.weight]
+    if arch == "qwen3":
+        trained.append(model.layers[0].self_attn.k_norm.weight)
+    for t in trained:  # an optimizer's step, in place: each copied tensor on its own
+        with torch.no_grad():
+            t.mul_(-2)
+        check_passes(model, 512)
 
 
 @needs_layers
@@ -114,9 +163,9 @@ def test_speculative_equals_ar_through_the_one_call():
 
 @needs_layers
 def test_where_it_does_not_apply_the_python_layers_run(monkeypatch):
-    assert bind_cpu_layers(qwen2_model(qk_norm=True)) is None  # Qwen3: QK norms
-    dense = Transformer(preset("qwen3-tiny", qk_norm=False, attention_bias=True)).float().eval()
-    assert bind_cpu_layers(dense) is None  # dense fp32 matrices
+    unpacked = Transformer(preset("qwen3-tiny", qk_norm=False, attention_bias=True)).float().eval()
+    assert bind_cpu_layers(unpacked) is None  # dense matrices without their packed copies
+    assert bind_cpu_layers(dense_model("qwen3", torch.float32).to(torch.float16)) is None  # fp16
     monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", "fp32")
     assert bind_cpu_layers(qwen2_model()) is None  # fp32 activations (the exact kernel)
 

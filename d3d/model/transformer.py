@@ -271,36 +271,56 @@ class DecoderLayer(nn.Module):
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")  # layers_cpu's order
 
 
+def cpu_layer_parts(weight, dtype: torch.dtype) -> list[dict] | None:
+    """A projection's matrix as ``d3d.kernels.layers_cpu`` takes it (its blocks' ``add_part`` arguments), or None
+    where that kernel has no path for it: quantized blocks multiplying int8 activations (an fp32 model), or a
+    dense matrix in the model's dtype with its packed copy (``d3d.cpu.linear``: fp32 panels or oneDNN blocks)."""
+    if isinstance(weight, (QuantWeight, Stacked)):
+        blocks = weight.parts if isinstance(weight, Stacked) else [weight]
+        if dtype != torch.float32 or not all(b.int8_activations for b in blocks):
+            return None
+        return [dict(kind=layers_cpu.INT8, **b.kernel_args()) for b in blocks]
+    packed = getattr(weight, cpu_linear.ATTR, None)  # none: F.linear multiplies it (pack_for_cpu did not)
+    if not isinstance(weight, torch.Tensor) or weight.dtype != dtype or packed is None:
+        return None
+    if packed.version != weight._version:  # updated in place since it was packed: packed again, as linear() does
+        cpu_linear.pack(weight)
+        packed = getattr(weight, cpu_linear.ATTR)
+    kind = layers_cpu.PANELS if isinstance(packed, cpu_linear.PanelWeight) else layers_cpu.ONEDNN
+    return [dict(kind=kind, q=packed.packed, n=packed.out_features)]
+
+
 def bind_cpu_layers(model: "Transformer"):
     """``model``'s decoder layers bound to ``d3d.kernels.layers_cpu`` (a decoding pass's layers in one C++ call,
-    the same bits), or None where that does not apply: a CPU model in fp32 activations whose every projection is
-    a quantized matrix multiplying int8 activations (the GGUF's blocks, ``d3d.cpu.quant``), Qwen2 (no QK norm)
-    with heads attend_cpu computes, and every kernel built."""
+    the same bits) and the dense tensors it copied from (a copy is stale once its tensor's ``_version`` moves),
+    or None where that does not apply: a CPU model in fp32 or bf16 whose every projection ``cpu_layer_parts``
+    takes, with heads attend_cpu computes, the kernels built."""
     cfg = model.cfg
-    if (model.device.type != "cpu" or model.dtype != torch.float32 or cfg.qk_norm or not model.layers
+    if (model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16) or not model.layers
             or not fits(cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)):
         return None
-    parts = []
-    for layer in model.layers:
-        mats = [layer.get_submodule(name).weight for name in PROJECTIONS]
-        blocks = [m.parts if isinstance(m, Stacked) else [m] for m in mats]
-        if not all(isinstance(b, QuantWeight) and b.int8_activations for bs in blocks for b in bs):
-            return None
-        parts.append(blocks)
-    if not layers_cpu.available():
+    parts = [[cpu_layer_parts(layer.get_submodule(name).weight, model.dtype) for name in PROJECTIONS]
+             for layer in model.layers]
+    if any(p is None for layer in parts for p in layer) or not layers_cpu.available():
         return None
-    bound = layers_cpu.new_layers(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps)
-    empty = torch.empty(0)
+    H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    bound, copied, empty = layers_cpu.new_layers(H, Hkv, D, cfg.rms_norm_eps), [], torch.empty(0)
     for layer, blocks in zip(model.layers, parts):
-        bound.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        attn, qk_norm = layer.self_attn, empty
+        if cfg.qk_norm:  # Attention.qkv's weights, joined once
+            qk_norm = torch.cat([attn.q_norm.weight.expand(H, D), attn.k_norm.weight.expand(Hkv, D)])
+            copied += [attn.q_norm.weight, attn.k_norm.weight]
+        bound.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qk_norm)
         for which, (name, bs) in enumerate(zip(PROJECTIONS, blocks)):
-            for b in bs:
-                a = {k: empty if v is None else v for k, v in b.kernel_args().items()}
-                bound.add_part(which, **a)
-            bias = layer.get_submodule(name).bias
-            if bias is not None:
-                bound.set_bias(which, bias)
-    return bound
+            module = layer.get_submodule(name)
+            for b in bs:  # what a kind has not: empty tensors and zeros
+                bound.add_part(which, **(dict(h=empty, s=empty, m=empty, sd=empty, md=empty, n=0, group=0, bits=0)
+                                         | {k: v for k, v in b.items() if v is not None}))
+            if isinstance(module.weight, torch.Tensor):
+                copied.append(module.weight)
+            if module.bias is not None:
+                bound.set_bias(which, module.bias)
+    return bound, [(t, t._version) for t in copied]
 
 
 class Transformer(nn.Module):
@@ -431,14 +451,16 @@ class Transformer(nn.Module):
     # ---------------------------------------------------------------- forward
 
     def _bound_cpu_layers(self, x, layout, cache):
-        """``bind_cpu_layers``' result where this pass can take it: a packed inference pass over an fp32 cache
+        """``bind_cpu_layers``' layers where this pass can take them: a packed inference pass over an fp32 cache
         whose attention runs on attend_cpu (``CpuPlan``: at most ``MAX_QUERIES`` rows); else None."""
-        if (cache is None or not self.cpu_layers or torch.is_grad_enabled() or x.dtype != torch.float32
+        if (cache is None or not self.cpu_layers or torch.is_grad_enabled() or x.dtype != self.dtype
                 or x.dim() != 2 or cache.k[0].dtype != torch.float32 or not isinstance(layout.plan(), CpuPlan)):
             return None
+        if self._cpu_layers and any(t._version != v for t, v in self._cpu_layers[1]):
+            self._cpu_layers = None  # a dense weight changed in place (training): its copies are made again
         if self._cpu_layers is None:
             self._cpu_layers = bind_cpu_layers(self) or False
-        return self._cpu_layers or None
+        return self._cpu_layers[0] if self._cpu_layers else None
 
     def _pass_inputs(self, input_ids, layout, cache, attn_mask, positions):
         """``forward``'s inputs in the form the layers take: a dense pass gets RoPE tables per position
