@@ -1,9 +1,10 @@
 """End to end, the decoder layers as Python modules (``cpu_layers = False``) against one C++ call
 (``d3d.kernels.layers_cpu``): ar and the defaults (sync) on validation chat requests (code to write, code to
-explain in prose), 128 tokens, greedy; the four runs of a request take turns (the order reversed every other
-request); tok/s medians and medians of per-request ratios. Every output must equal ar's with the Python layers.
+explain in prose; with --windows, for the bundled target: 64-token windows of validation code),
+128 tokens, greedy; the four runs of a request take turns (the order reversed every other request); tok/s
+medians and medians of per-request ratios. Every output must equal ar's with the Python layers.
 
-    python docs/results/layers-cpu/e2e.py MODEL N OUT.json
+    python docs/results/layers-cpu/e2e.py MODEL N OUT.json [--windows]     # MODEL: a real model's name or a directory
 """
 import statistics
 import sys
@@ -14,20 +15,24 @@ import torch
 import d3d
 from bench.common import machine, write_json
 from d3d.data.corpus import training_corpus
+from d3d.data.prompts import heldout_prompts
 from d3d.draft.pick import pick_drafter
 from d3d.fetch import resolve_model
 from d3d.train.chat_data import chat_prompts
 
 torch.set_grad_enabled(False)
-name, n, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+name, n, out_path, windows = sys.argv[1], int(sys.argv[2]), sys.argv[3], "--windows" in sys.argv[4:]
 path = resolve_model(name)
 target = d3d.load_model(path, weights="auto")
 tok = d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
 corpus = training_corpus(path)
-sets = {s: chat_prompts(tok, corpus, 0.05, n, "validation", seed=1234, templates=1, explain=s == "explain")
-        for s in ("code", "explain")}
-stops = tok.stop_token_ids()
+if not windows:
+    sets = {s: chat_prompts(tok, corpus, 0.05, n, "validation", seed=1234, templates=1, explain=s == "explain")
+            for s in ("code", "explain")}
+    stops = tok.stop_token_ids()
+else:
+    sets, stops = {"code": heldout_prompts(tok, corpus, 0.05, n, 64, part="validation")}, []
 runs = [(engine, fused) for engine in ("ar", "sync") for fused in (False, True)]
 key = {r: f"{r[0]}, {'one call' if r[1] else 'Python layers'}" for r in runs}
 tok_s = {s: {key[r]: [] for r in runs} for s in sets}
