@@ -15,7 +15,7 @@ from pathlib import Path
 from .common import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = "docs/results/bundled-pair/speculative.json"
+BUNDLED = "docs/results/layers-cpu/bundled_speculative.json"
 REAL = "docs/results/layers-cpu/llamacpp_0.5b.json"
 MARK = re.compile(r"(<!-- bench readme: (\w+) -->\n)(.*?)(<!-- /bench readme -->)", re.S)
 
