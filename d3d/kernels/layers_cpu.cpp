@@ -85,9 +85,9 @@ class Layers {
    public:
     Layers(int64_t matmul, int64_t panels, int64_t rms_norm, int64_t rope_write, int64_t attend, int64_t heads,
            int64_t kv_heads, int64_t head_dim, double eps)
-        : k_{reinterpret_cast<Matmul>(matmul), reinterpret_cast<Panels>(panels)}, rms_(reinterpret_cast<RmsNorm>(rms_norm)),
-          rope_(reinterpret_cast<RopeWrite>(rope_write)), attend_(reinterpret_cast<Attend>(attend)), H_(heads),
-          Hkv_(kv_heads), D_(head_dim), eps_(eps) {
+        : k_{reinterpret_cast<Matmul>(matmul), reinterpret_cast<Panels>(panels)},
+          rms_(reinterpret_cast<RmsNorm>(rms_norm)), rope_(reinterpret_cast<RopeWrite>(rope_write)),
+          attend_(reinterpret_cast<Attend>(attend)), H_(heads), Hkv_(kv_heads), D_(head_dim), eps_(eps) {
         TORCH_CHECK(rms_norm && rope_write && attend, "layers_cpu.Layers: a kernel address is 0");
         TORCH_CHECK(heads > 0 && kv_heads > 0 && head_dim > 0, "layers_cpu.Layers: heads ", heads, ", kv heads ",
                     kv_heads, " and head dim ", head_dim, " must be > 0");
@@ -96,7 +96,8 @@ class Layers {
     // qk_norm: Qwen3's q and k head weights [H + Hkv, D] (empty: Qwen2)
     void add_layer(const Tensor& in_norm, const Tensor& post_norm, const Tensor& qk_norm) {
         TORCH_CHECK(qk_norm.numel() == 0 || qk_norm.sizes() == torch::IntArrayRef({H_ + Hkv_, D_}),
-                    "layers_cpu.add_layer: qk_norm must be [", H_ + Hkv_, ", ", D_, "] or empty, got ", qk_norm.sizes());
+                    "layers_cpu.add_layer: qk_norm must be [", H_ + Hkv_, ", ", D_, "] or empty, got ",
+                    qk_norm.sizes());
         layers_.push_back({in_norm, post_norm, qk_norm.numel() ? qk_norm : Tensor(), {}});
     }
 
@@ -122,8 +123,9 @@ class Layers {
 
     int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
-    // x [T, d] (fp32, or bf16 for oneDNN weights) after every layer; cos/sin [T, D] at the tokens' positions; k/v: each layer's cache;
-    // write_rows/slots: where each token's k and v go; rows/nkeys/first/mask: attend_cpu's plan.
+    // x [T, d] (fp32, or bf16 for oneDNN weights) after every layer; cos/sin [T, D] at the tokens' positions;
+    // k/v: each layer's cache; write_rows/slots: where each token's k and v go; rows/nkeys/first/mask: attend_cpu's
+    // plan.
     Tensor run(Tensor x, const Tensor& cos, const Tensor& sin, std::vector<Tensor> k, std::vector<Tensor> v,
                const Tensor& write_rows, const Tensor& slots, const Tensor& rows, const Tensor& nkeys,
                const Tensor& first, const Tensor& mask, double scale) const {

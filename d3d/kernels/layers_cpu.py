@@ -3,8 +3,9 @@
 order with the same ATen ops between them, so the bits are the Python layers'.
 
 Why: a decoding step of the real 0.5B made ~220 module calls and ~100 small torch ops around its matmuls; in
-one call it is 16% shorter, the bundled target's 44% (docs/results/layers-cpu/). Torch reference: ``d3d.model.transformer.DecoderLayer``, which
-``Transformer.forward`` runs wherever this does not apply (``d3d.model.transformer.bind_cpu_layers`` says where).
+one call it is 16% shorter, the bundled target's 44% (docs/results/layers-cpu/). Torch reference:
+``d3d.model.transformer.DecoderLayer``, which ``Transformer.forward`` runs wherever this does not apply
+(``d3d.model.transformer.bind_cpu_layers`` says where).
 """
 
 from __future__ import annotations
