@@ -236,6 +236,22 @@ def _store_setup(monkeypatch, n_prompts=7):
     return make, batches
 
 
+def test_answering_says_how_far_it_is_inside_a_batch(tmp_path, monkeypatch):
+    """A batch of answers takes minutes on a real target: a progress line every PROGRESS_EVERY answers in it."""
+    import d3d.train.chat_data as chat_data
+    from test_engines import tiny_target
+
+    requests = [("code", [1 + i, 2 + i, 3]) for i in range(5)]
+    monkeypatch.setattr(chat_data, "chat_requests", lambda tok, root, frac, n, *a, **k: requests[:n])
+    monkeypatch.setattr(chat_data, "PROGRESS_EVERY", 2)
+    lines = []
+    chat_data.make_chat_training_data(tiny_target(), _Tok(), None, 0.05, 5, 6, 16, 0, tmp_path / "store", batch=5,
+                                      log=lines.append)
+    inside = [line for line in lines if "this batch" in line]
+    assert [line.split(" (")[0] for line in inside] == ["target answers: 2/5", "target answers: 4/5"], lines
+    assert any(line.startswith("target answers: 5/5") for line in lines)  # the batch's own line
+
+
 def test_the_answer_store_grows_by_sealed_chunks_and_refuses_another_target(tmp_path, monkeypatch):
     """Growing --n-sequences answers only the new requests (a second chunk); the rows equal a fresh
     store's; the chunks hold what the manifest says; another answer cap is refused, not mixed."""
