@@ -100,18 +100,22 @@ def pack(weight: torch.Tensor) -> bool:
     return True
 
 
+def packed(weight: torch.Tensor) -> "PackedWeight | PanelWeight | None":
+    """``weight``'s packed copy (made again if the weight was updated in place since), or None where it has none."""
+    p = getattr(weight, ATTR, None)
+    if p is not None and p.version != weight._version:  # updated in place since packing: repack
+        pack(weight)
+        p = getattr(weight, ATTR)
+    return p
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` when it has one, or the
     quantized kernel when ``weight`` is a ``d3d.cpu.quant`` matrix."""
     if not isinstance(weight, torch.Tensor):
         return weight.linear(x, bias)
-    p = None if torch.is_grad_enabled() else getattr(weight, ATTR, None)
-    if p is None or x.dtype != weight.dtype:
-        return F.linear(x, weight, bias)
-    if p.version != weight._version:  # updated in place since packing: repack
-        pack(weight)
-        p = getattr(weight, ATTR)
-    return p(x, bias)
+    p = None if torch.is_grad_enabled() or x.dtype != weight.dtype else packed(weight)
+    return F.linear(x, weight, bias) if p is None else p(x, bias)
 
 
 
@@ -129,4 +133,4 @@ def matmul_path(model) -> str:
     return f"oneDNN {str(model.dtype).removeprefix('torch.')}" if available() else "torch"
 
 
-__all__ = ["available", "packs", "pack", "linear", "matmul_path", "PackedWeight", "PanelWeight"]
+__all__ = ["available", "packs", "pack", "packed", "linear", "matmul_path", "PackedWeight", "PanelWeight"]

@@ -182,6 +182,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
+    def qk_norm_weight(self) -> torch.Tensor:
+        """The QK norms' weights as one [H + Hkv, D] tensor: q's for each query head, then k's for each kv head."""
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        return torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(Hkv, D)])
+
     def qkv(self, x, cos, sin, qk_dtype=None):
         """Projected, QK-normed and rotated q [.., H, D], k [.., Hkv, D] (in ``qk_dtype``, default
         x's) and v [.., Hkv, D].
@@ -192,8 +197,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         qk, v = qkv[..., : (H + Hkv) * D].unflatten(-1, (H + Hkv, D)), qkv[..., (H + Hkv) * D:]
         if self.cfg.qk_norm:  # both norms in one call: per-head RMSNorm, then each head's weight
-            w = torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(Hkv, D)])
-            qk = rms_norm(qk, None, self.cfg.rms_norm_eps) * w
+            qk = rms_norm(qk, None, self.cfg.rms_norm_eps) * self.qk_norm_weight()
         q, k = apply_rope(qk, cos, sin, qk_dtype).split([H, Hkv], dim=-2)
         return q, k, v.view(*shape, Hkv, D)
 
@@ -280,12 +284,11 @@ def cpu_layer_parts(weight, dtype: torch.dtype) -> list[dict] | None:
         if dtype != torch.float32 or not all(b.int8_activations for b in blocks):
             return None
         return [dict(kind=layers_cpu.INT8, **b.kernel_args()) for b in blocks]
-    packed = getattr(weight, cpu_linear.ATTR, None)  # none: F.linear multiplies it (pack_for_cpu did not)
-    if not isinstance(weight, torch.Tensor) or weight.dtype != dtype or packed is None:
+    if not isinstance(weight, torch.Tensor) or weight.dtype != dtype:
         return None
-    if packed.version != weight._version:  # updated in place since it was packed: packed again, as linear() does
-        cpu_linear.pack(weight)
-        packed = getattr(weight, cpu_linear.ATTR)
+    packed = cpu_linear.packed(weight)
+    if packed is None:  # F.linear multiplies it (pack_for_cpu did not pack it)
+        return None
     kind = layers_cpu.PANELS if isinstance(packed, cpu_linear.PanelWeight) else layers_cpu.ONEDNN
     return [dict(kind=kind, q=packed.packed, n=packed.out_features)]
 
@@ -308,7 +311,7 @@ def bind_cpu_layers(model: "Transformer"):
     for layer, blocks in zip(model.layers, parts):
         attn, qk_norm = layer.self_attn, empty
         if cfg.qk_norm:  # Attention.qkv's weights, joined once
-            qk_norm = torch.cat([attn.q_norm.weight.expand(H, D), attn.k_norm.weight.expand(Hkv, D)])
+            qk_norm = attn.qk_norm_weight()
             copied += [attn.q_norm.weight, attn.k_norm.weight]
         bound.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qk_norm)
         for which, (name, bs) in enumerate(zip(PROJECTIONS, blocks)):
