@@ -10,7 +10,8 @@ import pytest
 import d3d.decode.speculative as speculative
 from d3d.decode.row_price import RowPrice
 from test_engines import PROMPTS, generate, random_drafter, reference, tiny_target
-from d3d.decode.config import SpecConfig
+from d3d.decode.config import SpecConfig, resolved_spec
+from d3d.decode.sequence import Sequence
 
 
 def feed(price, widths, step=0.1, per_row=0.01, rate=20.0):
@@ -139,10 +140,22 @@ def test_auto_measures_and_refuses_nonsense():
                  spec=SpecConfig(mode="sync", verify_min_prob="sometimes"))
 
 
+def play(price, rounds, drafting_rate, step_rate=10.0, rows=1):
+    """``rounds`` rounds as ``price.draft`` chooses them: drafting rounds commit ``drafting_rate`` tokens a
+    second, plain steps ``step_rate``; returns the choices."""
+    kinds = []
+    for _ in range(rounds):
+        kind = price.draft(rows)
+        price.observe(rows, 0.1, (drafting_rate if kind else step_rate) * 0.1, 0.1, drafted=kind)
+        kinds.append(kind)
+    return kinds
+
+
 def test_a_batch_drafts_while_drafting_rounds_commit_faster_than_plain_steps():
     """``RowPrice.draft``: below ``min_rows`` always draft; else try both kinds once, then take the
     faster, probing the other every ``probe_every``-th round (here never backing off), and follow a
-    change of which is faster."""
+    change of which is faster. A batch counts every round (its first drafting round too: a batch's
+    rounds were validated that way) and probes for one round, its old rate kept."""
     p = RowPrice(probe_every=4, probe_most=4, min_rows=2)
     assert all(p.draft(1) for _ in range(10))
     assert p.draft(8) is True
@@ -157,23 +170,60 @@ def test_a_batch_drafts_while_drafting_rounds_commit_faster_than_plain_steps():
 
 
 def test_probes_back_off_while_the_faster_kind_stays_and_restart_when_it_changes():
-    """One sequence too (min_rows 1): probes after 4, 8, 16, 16 rounds while drafting stays faster; when
-    plain steps become faster they are taken at once and probing starts over (after 4, then 8 rounds)."""
+    """One sequence too (min_rows 1), the defaults: drafting is tried first (its catch-up pass, then 4
+    counted rounds), then a step; plain steps are probed a round at a time after 4, 8, 16 rounds while
+    drafting stays faster; once plain steps are faster, drafting is probed afresh (its catch-up pass and 4
+    counted rounds) after 8, then 16 rounds."""
     p = RowPrice(probe_every=4, probe_most=16)
-    p.observe(1, 0.1, 3, 0.1, drafted=p.draft(1))  # drafting: 30 tok/s
-    p.observe(1, 0.1, 1, 0.1, drafted=p.draft(1))  # a plain step: 10 tok/s
-    kinds = [p.draft(1) for _ in range(44)]
-    assert [i for i, k in enumerate(kinds) if not k] == [3, 11, 27, 43]
-    for _ in range(20):
-        p.observe(1, 0.1, 1, 0.2, drafted=True)  # drafting slowed down to 5 tok/s
-    kinds = [p.draft(1) for _ in range(12)]
-    assert [i for i, k in enumerate(kinds) if k] == [3, 11]
+    kinds = play(p, 48, 30.0)
+    assert [i for i, k in enumerate(kinds) if not k] == [5, 9, 17, 33]
+    kinds = play(p, 60, 5.0)  # drafting slowed down to 5 tok/s: the mean of 10 rounds follows it
+    assert [i for i, k in enumerate(kinds) if k][-15:] == [*range(23, 28), *range(35, 40), *range(55, 60)]
+    with pytest.raises(ValueError, match="drafting_samples"):
+        RowPrice(drafting_samples=0)
+
+
+def test_the_drafters_catch_up_passes_count_as_neither_kind():
+    """The drafter's first pass (it feeds its cache the prompt) and its first after plain steps (their
+    tokens) cost what no steady drafting round does: neither kind's rate moves. Before, the prompt's
+    prefill alone made drafting look 2-3x slower than steps (docs/results/cut-batch1/)."""
+    p = RowPrice()
+    p.observe(1, 0.1, 1, 1.0, drafted=True)  # the prefill: 1 tok/s
+    assert p.by_kind[True] == [None, None] and p.draft(1) is True
+    p.observe(1, 0.1, 3, 0.1, drafted=True)
+    p.observe(1, 0.1, 1, 0.1, drafted=False)
+    p.observe(1, 0.1, 1, 0.9, drafted=True)  # the catch-up after the step
+    assert p.by_kind[True] == [3, 0.1]
+    p.observe(1, 0.1, 16, 0.1, drafted=None)  # copies do not make the drafter's cache stale
+    p.observe(1, 0.1, 2, 0.1, drafted=True)
+    assert p.by_kind[True] == [pytest.approx(2.5), pytest.approx(0.1)]  # a mean of the first rounds
+
+
+def test_the_first_drafting_round_of_a_generation_does_not_count():
+    """In a decoder: the round whose drafter pass fed the prompt leaves drafting's rate unmeasured; the
+    next drafting round counts; the output is ar's."""
+    target = tiny_target(seed=3)
+    drafter = random_drafter(target, 4, seed=4)
+    prompt = list(range(1, 13))
+    spec = resolved_spec(target, drafter, SpecConfig(mode="sync", lookup=0, leaves=0, verify_min_prob="auto"))
+    dec = speculative.SpeculativeDecoder(target, drafter, spec, 1, len(prompt) + 16)
+    seq = Sequence(prompt, 8)
+    dec.admit([seq])
+    dec.step()
+    assert dec.price.rounds == 1 and dec.price.by_kind[True] == [None, None]
+    dec.step()
+    assert dec.price.by_kind[True][0] is not None
+    while dec.step():
+        pass
+    dec.close()
+    assert seq.output == reference(target, [prompt], 8)[0]
 
 
 def test_rounds_of_copies_only_count_as_neither_kind():
     """A round whose every row had a copied draft (``drafted=None``) moves neither kind's rate."""
     p = RowPrice()
-    p.observe(1, 0.1, 3, 0.1, drafted=True)
+    for _ in range(3):  # the drafter's catch-up pass, then two counted rounds
+        p.observe(1, 0.1, 3, 0.1, drafted=True)
     p.observe(1, 0.1, 1, 0.1, drafted=False)
     before = {k: list(v) for k, v in p.by_kind.items()}
     for _ in range(10):

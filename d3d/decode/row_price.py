@@ -25,10 +25,19 @@ the machine, the dtype and the text:
 The drafter pass itself has a price, so rounds that draft and plain steps (empty drafts; copied ones
 still verified) are timed and the faster kind taken (``RowPrice.draft``). Rounds whose every row had a
 copied draft count as neither: copies are cheap and long, and crediting them to plain steps had made
-code fall back to steps. The other kind is probed after 8 rounds, then twice as long after each probe
-that changed nothing (at most 64). What the choice gained: in batches of 4 and 16 rows
-(docs/results/serve/gate_validation.json) and for one sequence
-(docs/results/gate-batch1/validation_*_without_copies_*.json), on validation chat requests.
+code fall back to steps. Nor does the drafter's first pass at the start or after plain steps: it feeds
+its cache the prompt or the steps' tokens. When it counted, the prompt's prefill alone made drafting
+look ~2.7x slower than steps (the 1.5B: 10 against 27 tok/s), and one-round probes (a noisy sample
+at a quarter's weight) rarely won it back: explanations ran at τ 1.1-1.3 where the drafter reaches
+1.5-1.6 (docs/results/cut-batch1/). So for one sequence the other kind is probed afresh, its old
+rate forgotten (drafting for 4 counted rounds, a step for one; a rate is the mean of its first 10
+rounds, then weighs a new one 0.1). Batches keep what they were validated with (every round counts,
+one-round probes, weight 0.25): there drafting rarely pays on a CPU, and the longer probes cost them
+1-5% (docs/results/cut-batch1/batches_0.5b.json). Probes come after 8 rounds, then twice as long
+after each probe that changed nothing (at most 64).
+What the choice gained: in batches of 4 and 16 rows (docs/results/serve/gate_validation.json) and for
+one sequence (docs/results/gate-batch1/validation_*_without_copies_*.json, docs/results/cut-batch1/),
+on validation chat requests.
 
 b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
 rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio
@@ -42,7 +51,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-DRAFT_DECAY = 0.25  # the weight of a new round in the rates of drafting rounds, plain steps and drafter passes
+DRAFT_DECAY = 0.25  # the weight of a new drafter pass in its seconds per row
+KIND_DECAY = 0.1  # ... of a new round of one sequence in the rates of drafting rounds and plain steps
+# (batches: DRAFT_DECAY, as docs/results/serve/gate_validation.json measured them)
 
 
 def ewma(old: float | None, x: float, decay: float = DRAFT_DECAY) -> float:
@@ -55,7 +66,7 @@ class RowPrice:
     threshold R * b (``min_prob``). ``decay``: the weight of a new round in each average."""
 
     def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 0.5,
-                 min_rows: int = 1, probe_every: int = 8, probe_most: int = 64):
+                 min_rows: int = 1, probe_every: int = 8, probe_most: int = 64, drafting_samples: int = 4):
         if not 0 <= prior <= 1:
             raise ValueError(f"prior={prior!r}: must be a probability in [0, 1]")
         if not 0 < decay <= 1:
@@ -63,9 +74,14 @@ class RowPrice:
         if not 0 < ceiling <= 1:
             raise ValueError(f"ceiling={ceiling!r}: must be in (0, 1]")
         self.prior, self.decay, self.warmup, self.ceiling = prior, decay, warmup, ceiling
+        if drafting_samples < 1:
+            raise ValueError(f"drafting_samples={drafting_samples!r}: must be >= 1")
         self.min_rows, self.probe_every, self.probe_most, self.since_probe = min_rows, probe_every, probe_most, 0
         self.probe_interval, self.best = probe_every, None
         self.by_kind = {True: [None, None], False: [None, None]}  # drafted? -> EWMA [tokens, seconds] of rounds
+        self.samples = {True: 0, False: 0}  # ... rounds in them since each was last tried afresh
+        self.drafting_samples, self.batch = drafting_samples, 1  # the rows of the last round asked
+        self.stale = True  # the drafter's cache lags (nothing drafted yet, or plain steps since): its next pass catches up
         self.per_row = {"draft": None, "hypotheses": None}  # EWMA seconds per row: a sync draft, a hypotheses pass
         self.rounds = 0
         self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
@@ -75,7 +91,8 @@ class RowPrice:
                 drafted: bool | None = True) -> None:
         """One round: a verification of ``rows`` target rows took ``verify_seconds``; the whole round
         (drafting included, if the drafter ran: ``drafted``) committed ``tokens`` in ``round_seconds``.
-        ``drafted`` None: neither kind (every row had a copied draft), which tells ``draft`` nothing."""
+        ``drafted`` None: neither kind (every row had a copied draft), which tells ``draft`` nothing; nor
+        does a drafting round whose pass caught the drafter's cache up (the first, or the first after a plain step)."""
         if rows < 1 or verify_seconds < 0 or tokens < 0 or round_seconds < 0:
             raise ValueError(f"observe(rows={rows}, verify_seconds={verify_seconds}, tokens={tokens}, "
                              f"round_seconds={round_seconds}): rows >= 1 and times and tokens >= 0")
@@ -84,9 +101,14 @@ class RowPrice:
             self.m[j] += d * (x - self.m[j])
         self.tokens += d * (tokens - self.tokens)
         self.seconds += d * (round_seconds - self.seconds)
+        single = self.batch == 1  # one sequence (module docstring); batches as they were validated
+        if drafted is True and self.stale and single:  # the pass caught the drafter's cache up
+            self.stale, drafted = False, None
         if drafted is not None:
-            kind = self.by_kind[drafted]
-            kind[:] = [ewma(kind[0], tokens), ewma(kind[1], round_seconds)]
+            kind, self.samples[drafted] = self.by_kind[drafted], self.samples[drafted] + 1
+            d = max(KIND_DECAY, 1 / self.samples[drafted]) if single else DRAFT_DECAY  # a mean at first
+            kind[:] = [ewma(kind[0], tokens, d), ewma(kind[1], round_seconds, d)]
+            self.stale = not drafted
         self.rounds += 1
 
     def seconds_per_row(self) -> float | None:
@@ -104,21 +126,28 @@ class RowPrice:
     def draft(self, rows: int) -> bool:
         """Whether this round asks the drafter, for a batch of ``rows`` (below ``min_rows`` it always
         does). Compare the tokens per second of rounds that drafted with those of plain steps (rounds
-        whose every row had a copied draft count as neither), take the faster kind, and probe the
-        other: after ``probe_every`` rounds, then twice as long after each probe that left the faster
-        kind as it was (at most ``probe_most``), back to ``probe_every`` when it changes."""
+        whose every row had a copied draft count as neither; for one sequence, so does the drafter's
+        first pass after plain steps or at the start: it catches its cache up), take the faster kind,
+        and probe the other (one sequence: afresh, its old rate forgotten, drafting tried for
+        ``drafting_samples`` counted rounds): after ``probe_every`` rounds, then twice as long after
+        each probe that left the faster kind as it was (at most ``probe_most``), back to
+        ``probe_every`` when it changes."""
         if rows < self.min_rows:
             return True
+        self.batch = rows
+        wanted = {True: self.drafting_samples if rows == 1 else 1, False: 1}
         for kind in (True, False):
-            if self.by_kind[kind][0] is None:
+            if self.samples[kind] < wanted[kind]:
                 return kind
         (td, sd), (ts, ss) = self.by_kind[True], self.by_kind[False]
         best = td / max(sd, 1e-9) >= ts / max(ss, 1e-9)
         if best != self.best:
             self.best, self.probe_interval, self.since_probe = best, self.probe_every, 0
         self.since_probe += 1
-        if self.since_probe >= self.probe_interval:
+        if self.since_probe >= self.probe_interval:  # the other kind afresh: its rate is as old as the interval
             self.since_probe, self.probe_interval = 0, min(2 * self.probe_interval, self.probe_most)
+            if rows == 1:
+                self.by_kind[not best], self.samples[not best] = [None, None], 0
             return not best
         return best
 
