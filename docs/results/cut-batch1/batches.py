@@ -1,4 +1,4 @@
-"""Batches: the gate now (``d3d.decode.row_price``) against the gate before (``row_price_before.py``) and ar, in
+"""Batches: the gate now (``d3d.decode.row_price``) against the gate before (``before.py``, from git) and ar, in
 batches of 4 and 16 validation chat requests (16 code, 16 explain), 128 tokens, greedy, the real model's GGUF
 blocks; the three runs of each batch size take turns (the order reversed every other size). tok/s = tokens
 generated over wall time. Every output must equal ar's. Run from the repository root:
@@ -11,7 +11,7 @@ import time
 import torch
 
 sys.path.insert(0, "docs/results/cut-batch1")
-import row_price_before  # noqa: E402
+from before import row_price_before  # noqa: E402
 
 import d3d  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
@@ -34,7 +34,7 @@ price_now = speculative.RowPrice
 
 
 def run(engine, prompts, n):
-    speculative.RowPrice = row_price_before.RowPrice if engine == "gate before" else price_now
+    speculative.RowPrice = row_price_before().RowPrice if engine == "gate before" else price_now
     try:
         tokens, outs, t0 = 0, [], time.perf_counter()
         for i in range(0, len(prompts), n):

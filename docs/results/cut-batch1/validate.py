@@ -8,9 +8,9 @@ reversed every other request); medians of tok/s and of per-request ratios over a
     python docs/results/cut-batch1/validate.py MODEL N OUT.json [--runs ar sync "sync, no gate" ...]
 
 Runs: ``ar``, any ``generate --spec`` string, "sync, no gate" (the defaults with ``PricedCut``'s gate off) and
-"sync, gate before" (the defaults with ``row_price_before.py``, the row price before the gate stopped counting
-the drafter's catch-up passes; run from the repository root). Default runs: ar, sync, sync with no gate, and
-the fixed cuts 0.05, 0.1, 0.2 (``validation_*.json``).
+"sync, gate before" (the defaults with the row price before the gate stopped counting the drafter's catch-up
+passes: ``before.py`` reads it from git; run from the repository root). Default runs: ar, sync, sync with no
+gate, and the fixed cuts 0.05, 0.1, 0.2 (``validation_*.json``).
 """
 import statistics
 import sys
@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, "docs/results/cut-batch1")
-import row_price_before  # noqa: E402
+from before import row_price_before  # noqa: E402
 
 import d3d
 from bench.common import machine, write_json
@@ -52,7 +52,7 @@ def run(engine: str, prompt):
     if engine == "sync, no gate":
         row_price.PricedCut.drafts = lambda self, price, rows: True
     if engine == "sync, gate before":
-        speculative.RowPrice = row_price_before.RowPrice
+        speculative.RowPrice = row_price_before().RowPrice
     try:
         t = time.perf_counter()
         out = d3d.generate(target, prompt, max_new_tokens=128, spec=engine.split(",")[0] if "gate" in engine
