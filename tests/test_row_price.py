@@ -6,6 +6,7 @@ itself is tested on given rows, seconds and tokens."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import d3d.decode.speculative as speculative
 from d3d.decode.row_price import RowPrice
@@ -242,6 +243,23 @@ def test_a_batch_whose_drafts_never_pay_takes_plain_steps_and_equals_ar():
     assert out.tokens == ref
     assert any(not r.draft for r in rounds) and any(r.draft for r in rounds)  # both kinds ran
     assert not any(r.successor_used for r in rounds)
+
+
+def test_plain_greedy_steps_take_the_targets_argmax_as_ar_does(monkeypatch):
+    """Rounds that all take plain steps skip acceptance (nothing to accept) and take the argmax ar takes:
+    the output is ar's, in fp32 and bf16, in a batch and for one sequence."""
+    monkeypatch.setattr(RowPrice, "draft", lambda self, rows: False)
+    for dtype in (torch.float32, torch.bfloat16):
+        target = tiny_target(seed=5).to(dtype)
+        drafter = random_drafter(target, 4, seed=6)
+        drafter.model.to(dtype)
+        rounds = []
+        out = generate(target, PROMPTS, max_new_tokens=12, stop_ids=[], drafter=drafter, on_round=rounds.append,
+                       spec=SpecConfig(mode="sync", lookup=0, leaves=0, verify_min_prob="auto"))
+        assert out.tokens == reference(target, PROMPTS, 12) and rounds and not any(r.draft for r in rounds)
+        one = generate(target, PROMPTS[2:3], max_new_tokens=12, stop_ids=[], drafter=drafter,
+                       spec=SpecConfig(mode="sync", lookup=0, leaves=0, verify_min_prob="auto"))
+        assert one.tokens == reference(target, PROMPTS[2:3], 12)
 
 
 def test_the_successor_threshold_is_the_exposed_pass_over_the_draft_it_saves():

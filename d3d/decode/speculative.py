@@ -48,6 +48,7 @@ from .config import SpecConfig
 from .generation import Clock, Decoder, GenerationStats, StreamFn
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
+from ..kernels.glue_cpu import argmax
 from .sequence import Sequence
 from .sources import Draft, Origin, draft_sources
 from ..model.cache import branches
@@ -153,6 +154,10 @@ class Verifier:
             seed = seqs[js[0]].sampling.seed  # each sequence of a launch draws its own stream (its place j in it)
             at = torch.tensor([starts[j] + p for j in js for p in range(n + 1)], device=dev)
             main = logits if len(at) == len(logits) else logits.index_select(0, at)  # all of it: one kind, no leaves
+            if n == 0 and t == 0:  # plain greedy steps: the target's argmax, as ar takes it (~0.5 ms less a round)
+                for j, b in zip(js, argmax(main.float()).tolist()):
+                    bonus[j] = b
+                continue
             result = accept(torch.tensor([drafts[j] for j in js], dtype=torch.long, device=dev).view(len(js), n),
                             main.view(len(js), n + 1, -1), temperature=t, seed=seed * 1_000_003 + rnd + g * _GROUP_SEED)
             for j, a, b in zip(js, result.accept_len.tolist(), result.bonus.tolist()):
