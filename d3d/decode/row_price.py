@@ -33,7 +33,7 @@ at a quarter's weight) rarely won it back: explanations ran at τ 1.1-1.3 where 
 rate forgotten (drafting for 4 counted rounds, a step for one; a rate is the mean of its first 10
 rounds, then weighs a new one 0.1). Batches keep what they were validated with (every round counts,
 one-round probes, weight 0.25): there drafting rarely pays on a CPU, and the longer probes cost them
-1-5% (docs/results/cut-batch1/batches_0.5b.json). Probes come after 8 rounds, then twice as long
+1-5% (docs/results/cut-batch1/batches_scaled_0.5b.json). Probes come after 8 rounds, then twice as long
 after each probe that changed nothing (at most 64).
 What the choice gained: in batches of 4 and 16 rows (docs/results/serve/gate_validation.json) and for
 one sequence (docs/results/gate-batch1/validation_*_without_copies_*.json, docs/results/cut-batch1/),
