@@ -254,7 +254,7 @@ void tile_of(int64_t mr, const Act& X, int64_t m0, const Weights& W, float* y, i
 }
 
 // As quant_vnni.cpp's run: up to STREAM_ROWS rows a tile runs down the whole of K, one panel at a time; more
-// rows take k blocks of 256 across a thread's panels. Each kernel keeps this loop under its own target pragma,
+// rows take each panel's k blocks of 256 through every row tile (docs/results/batch-gate/loop_order_maddubs.json). Each kernel keeps this loop under its own target pragma,
 // so that its tiles inline into it (a template shared through quant_int8.h cost the matmuls of 8 rows ~2%).
 constexpr int64_t STREAM_ROWS = 16;
 
@@ -264,19 +264,19 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
     at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
             const int64_t p0 = gi * GROUP, npg = std::min(GROUP, P - p0);
-            for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
-                const int64_t a1 = std::min(blocks, a0 + AB);
-                for (int64_t m = 0; m < M;) {
-                    const int64_t mr = tile_rows(M, m);
-                    for (int64_t p = 0; p < npg; ++p) {
-                        const int64_t col = std::min(NR, N - (p0 + p) * NR);
-                        const Weights W = W0.at(p0 + p);
+            for (int64_t p = 0; p < npg; ++p) {  // each panel front to back: one stream a thread
+                const int64_t col = std::min(NR, N - (p0 + p) * NR);
+                const Weights W = W0.at(p0 + p);
+                for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
+                    const int64_t a1 = std::min(blocks, a0 + AB);
+                    for (int64_t m = 0; m < M;) {  // every row tile over the block, its weights in L1 after the first
+                        const int64_t mr = tile_rows(M, m);
                         if (X.A == 16)
                             tile_of<BITS, SC, 16>(mr, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, col);
                         else
                             tile_of<BITS, SC, 32>(mr, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, col);
+                        m += mr;
                     }
-                    m += mr;
                 }
             }
         }

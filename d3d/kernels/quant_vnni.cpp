@@ -291,27 +291,28 @@ void tile_of(int64_t mr, const Act& X, int64_t m0, const Weights& W, float* y, i
 
 template <int BITS, int SC>
 void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float* y) {
-    // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), one panel at a time: each thread reads its panels front to back, fewer streams
-    // at once, which the memory system serves faster (the matmuls of a 1.5B step: 32 -> 24 ms;
-    // docs/results/vnni-streams/). More rows take k blocks of 256 across the panel group, so that the weights
-    // of a block stay in L1 for every row tile.
+    // Up to STREAM_ROWS rows a tile runs down the whole of K (AB = blocks), one panel at a time: each thread reads its
+    // panels front to back, fewer streams at once, which the memory system serves faster (the matmuls of a 1.5B
+    // step: 32 -> 24 ms; docs/results/vnni-streams/). More rows keep that order and take each panel's k blocks of
+    // 256 through every row tile, the block in L1 after the first (k blocks across the 4 panels had cost 17 rows
+    // ~20% more: docs/results/batch-gate/loop_order_vnni.json). Each output sums its k blocks in order either way.
     const int64_t blocks = X.K / X.A, AB = M <= STREAM_ROWS ? blocks : std::max<int64_t>(1, SUPER / X.A);
     at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
             const int64_t p0 = gi * GROUP, npg = std::min(GROUP, P - p0);
-            for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
-                const int64_t a1 = std::min(blocks, a0 + AB);
-                for (int64_t m = 0; m < M;) {
-                    const int64_t mr = tile_rows(M, m);
-                    for (int64_t p = 0; p < npg; ++p) {
-                        const int64_t col = std::min(NR, N - (p0 + p) * NR);
-                        const Weights W = W0.at(p0 + p);
+            for (int64_t p = 0; p < npg; ++p) {  // each panel front to back: one stream a thread
+                const int64_t col = std::min(NR, N - (p0 + p) * NR);
+                const Weights W = W0.at(p0 + p);
+                for (int64_t a0 = 0; a0 < blocks; a0 += AB) {
+                    const int64_t a1 = std::min(blocks, a0 + AB);
+                    for (int64_t m = 0; m < M;) {  // every row tile over the block, its weights in L1 after the first
+                        const int64_t mr = tile_rows(M, m);
                         if (X.A == 16)
                             tile_of<BITS, SC, 16>(mr, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, col);
                         else
                             tile_of<BITS, SC, 32>(mr, X, m, W, y + m * N + (p0 + p) * NR, N, a0, a1, col);
+                        m += mr;
                     }
-                    m += mr;
                 }
             }
         }
