@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import d3d.decode.speculative as speculative
-from d3d.decode.row_price import RowPrice
+from d3d.decode.row_price import BATCH_DRAFT_LIMIT, RowPrice
 from test_engines import PROMPTS, generate, random_drafter, reference, tiny_target
 from d3d.decode.config import SpecConfig, resolved_spec
 from d3d.decode.sequence import Sequence
@@ -135,7 +135,8 @@ def test_auto_measures_and_refuses_nonsense():
     out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter, on_round=rounds.append,
                    spec=SpecConfig(mode="sync", verify_min_prob="auto"))
     assert out.tokens == reference(target, PROMPTS, 30)
-    assert all(0 <= r.min_prob <= 0.5 for r in rounds) and rounds[0].min_prob == 0.05  # the prior first
+    n = len(PROMPTS)  # the prior first, scaled to the batch
+    assert all(0 <= r.min_prob <= 1 for r in rounds) and rounds[0].min_prob == pytest.approx(n * 0.05 / (0.95 + n * 0.05))
     with pytest.raises(ValueError, match="verify_min_prob='sometimes'"):
         generate(target, PROMPTS, max_new_tokens=3, drafter=drafter,
                  spec=SpecConfig(mode="sync", verify_min_prob="sometimes"))
@@ -152,12 +153,40 @@ def play(price, rounds, drafting_rate, step_rate=10.0, rows=1):
     return kinds
 
 
+def test_a_batch_starts_from_the_prior_scaled_to_its_rows_and_no_ceiling_caps_the_price():
+    """Before a slope is measured a batch of n rows starts at R * b = n b / (a + n b), a step costing a + n b,
+    from one row's prior p = b / (a + b): n p / (1 - p + n p). Measured, R * b is not capped below 1."""
+    p = RowPrice(prior=0.05)
+    assert p.min_prob() == 0.05
+    p.draft(16)
+    assert p.min_prob() == pytest.approx(16 * 0.05 / (0.95 + 16 * 0.05))  # 0.457
+    q = RowPrice()
+    feed(q, [16, 24] * 10, per_row=0.04)  # 20 tok/s x 40 ms a row
+    assert q.min_prob() == pytest.approx(0.8)
+
+
+def test_a_batch_asks_no_drafter_while_a_verified_row_costs_too_much():
+    """``BATCH_DRAFT_LIMIT``: where R * b is 0.3 or more, a batch takes plain steps and never probes drafting,
+    however fast it would be (a 2-core CPU at batch 16); below it the gate decides; one sequence has no limit."""
+    assert RowPrice(prior=0.2).draft(8) is False  # the prior scaled to 8 rows: 0.67
+    assert not any(play(RowPrice(prior=0.2), 40, 30.0, rows=8))
+    assert sum(play(RowPrice(prior=0.02), 40, 30.0, rows=8)) > 30  # 0.14: tried, kept (drafting 3x as fast)
+    assert sum(play(RowPrice(prior=0.2), 40, 30.0, rows=1)) > 30
+    q = RowPrice(min_rows=2)
+    feed(q, [8, 12] * 10, per_row=0.02)  # measured: 20 tok/s x 20 ms a row = 0.4
+    assert q.min_prob() >= BATCH_DRAFT_LIMIT and not any(q.draft(8) for _ in range(100))
+    q.observe(8, 0.1, 1, 0.1, drafted=False)  # plain steps: 10 tok/s, drafting's rounds 20
+    feed(q, [8, 12] * 40, per_row=0.001)  # rows became cheap: after probe_every rounds in a row the gate decides
+    assert q.min_prob() < BATCH_DRAFT_LIMIT
+    assert [q.draft(8) for _ in range(q.probe_every)] == [False] * (q.probe_every - 1) + [True]
+
+
 def test_a_batch_drafts_while_drafting_rounds_commit_faster_than_plain_steps():
     """``RowPrice.draft``: below ``min_rows`` always draft; else try both kinds once, then take the
     faster, probing the other every ``probe_every``-th round (here never backing off), and follow a
     change of which is faster. A batch counts every round (its first drafting round too: a batch's
     rounds were validated that way) and probes for one round, its old rate kept."""
-    p = RowPrice(probe_every=4, probe_most=4, min_rows=2)
+    p = RowPrice(probe_every=4, probe_most=4, min_rows=2, prior=0.02)
     assert all(p.draft(1) for _ in range(10))
     assert p.draft(8) is True
     p.observe(8, 0.1, 8, 0.1, drafted=True)  # drafting: 80 tok/s

@@ -34,7 +34,11 @@ rate forgotten (drafting for 4 counted rounds, a step for one; a rate is the mea
 rounds, then weighs a new one 0.1). Batches keep what they were validated with (every round counts,
 one-round probes, weight 0.25): there drafting rarely pays on a CPU, and the longer probes cost them
 1-5% (docs/results/cut-batch1/batches_scaled_0.5b.json). Probes come after 8 rounds, then twice as long
-after each probe that changed nothing (at most 64).
+after each probe that changed nothing (at most 64). A batch asks no drafter at all while R * b is 0.3 or
+more (``BATCH_DRAFT_LIMIT``), and again only after ``probe_every`` rounds in a row below it (one noisy
+round had dropped it to 0.25 and cost a 14-row batch a 585 ms catch-up pass): there a draft pays only
+when it is almost sure, and drafting's passes and probes had cost batches of 4 and 16 on a 2-core CPU
+3-15% against ar (docs/results/batch-gate/).
 What the choice gained: in batches of 4 and 16 rows (docs/results/serve/gate_validation.json) and for
 one sequence (docs/results/gate-batch1/validation_*_without_copies_*.json, docs/results/cut-batch1/),
 on validation chat requests.
@@ -42,7 +46,9 @@ on validation chat requests.
 b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
 rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio
 of exponentially weighted tokens and seconds. Until ``warmup`` rounds are in, and whenever the widths
-seen so far hardly differ (the slope would be noise), the ``prior`` threshold holds. The rounds then
+seen so far hardly differ (the slope would be noise), the ``prior`` threshold holds, that of one row;
+a batch of n rows starts at n p / (1 - p + n p): R * b where a step costs a + n b and one row's p is
+b / (a + b). No ceiling caps R * b (it had been 0.5; a batch of 16 measures ~0.8). The rounds then
 depend on timing, the tokens do not (every cut is lossless).
 """
 
@@ -54,6 +60,9 @@ from dataclasses import dataclass
 DRAFT_DECAY = 0.25  # the weight of a new drafter pass in its seconds per row
 KIND_DECAY = 0.1  # ... of a new round of one sequence in the rates of drafting rounds and plain steps
 # (batches: DRAFT_DECAY, as docs/results/serve/gate_validation.json measured them)
+BATCH_DRAFT_LIMIT = 0.3  # a batch asks no drafter while a verified row's price R * b is this or more
+# (docs/results/batch-gate/: on a 2-core Zen 4, batches of 4 and 16 measured R * b ~ 0.4-0.9 and lost to ar
+# by drafting, probes included; on a machine where rows are cheap R * b stays low and the gate decides)
 
 
 def ewma(old: float | None, x: float, decay: float = DRAFT_DECAY) -> float:
@@ -65,15 +74,16 @@ class RowPrice:
     """Running estimates of R (tokens per second) and b (seconds per verified row), and the
     threshold R * b (``min_prob``). ``decay``: the weight of a new round in each average."""
 
-    def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 0.5,
-                 min_rows: int = 1, probe_every: int = 8, probe_most: int = 64, drafting_samples: int = 4):
+    def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 1.0,
+                 min_rows: int = 1, probe_every: int = 8, probe_most: int = 64, drafting_samples: int = 4,
+                 batch_limit: float = BATCH_DRAFT_LIMIT):
         if not 0 <= prior <= 1:
             raise ValueError(f"prior={prior!r}: must be a probability in [0, 1]")
         if not 0 < decay <= 1:
             raise ValueError(f"decay={decay!r}: must be in (0, 1]")
         if not 0 < ceiling <= 1:
             raise ValueError(f"ceiling={ceiling!r}: must be in (0, 1]")
-        self.prior, self.decay, self.warmup, self.ceiling = prior, decay, warmup, ceiling
+        self.prior, self.decay, self.warmup, self.ceiling, self.batch_limit = prior, decay, warmup, ceiling, batch_limit
         if drafting_samples < 1:
             raise ValueError(f"drafting_samples={drafting_samples!r}: must be >= 1")
         self.min_rows, self.probe_every, self.probe_most, self.since_probe = min_rows, probe_every, probe_most, 0
@@ -83,7 +93,7 @@ class RowPrice:
         self.drafting_samples, self.batch = drafting_samples, 1  # the rows of the last round asked
         self.stale = True  # the drafter's cache lags (nothing drafted yet, or plain steps since): its next pass catches up
         self.per_row = {"draft": None, "hypotheses": None}  # EWMA seconds per row: a sync draft, a hypotheses pass
-        self.rounds = 0
+        self.rounds, self.cheap = 0, probe_every  # ... and the batch's rounds in a row with R * b below batch_limit
         self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
         self.tokens = self.seconds = 0.0
 
@@ -135,6 +145,10 @@ class RowPrice:
         if rows < self.min_rows:
             return True
         self.batch = rows
+        if rows > 1:  # a row costs too much for a draft to pay: no drafter until R * b stays below the limit
+            self.cheap = self.cheap + 1 if self.min_prob() < self.batch_limit else 0
+            if self.cheap < self.probe_every:
+                return False
         wanted = {True: self.drafting_samples if rows == 1 else 1, False: 1}
         for kind in (True, False):
             if self.samples[kind] < wanted[kind]:
@@ -169,8 +183,9 @@ class RowPrice:
     def min_prob(self) -> float:
         """The threshold R * b (at most ``ceiling``), or ``prior`` before it can be measured."""
         b = self.seconds_per_row() if self.rounds >= self.warmup else None
-        if b is None:
-            return self.prior
+        if b is None:  # a batch of n rows: R * b = n b / (a + n b), from one row's prior b / (a + b)
+            n, p = self.batch, self.prior
+            return n * p / (1 - p + n * p)
         return min(self.ceiling, self.rate() * b)
 
 
@@ -210,6 +225,7 @@ class PricedCut:
         return min_prob
 
     def drafts(self, price: RowPrice, rows: int) -> bool:
+        price.batch = rows  # the prior is scaled to it, with the gate or without
         return price.draft(rows) if self.gate else True
 
     def __str__(self) -> str:
