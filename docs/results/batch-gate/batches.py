@@ -14,8 +14,8 @@ import time
 
 import torch
 
-sys.path.insert(0, "docs/results/batch-gate")
-from before import BEFORE, row_price_before  # noqa: E402
+sys.path.insert(0, "docs/results/cut-batch1")
+from before import row_price_before  # noqa: E402  (read from git)
 
 import d3d  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
@@ -24,6 +24,9 @@ from d3d.decode import speculative  # noqa: E402
 from d3d.draft.pick import pick_drafter  # noqa: E402
 from d3d.fetch import resolve_model  # noqa: E402
 from d3d.train.chat_data import chat_prompts  # noqa: E402
+
+
+BEFORE = "ad9175a"
 
 
 class StepsAndCopies(speculative.RowPrice):
@@ -41,7 +44,7 @@ class Limit(speculative.RowPrice):
         super().__init__(batch_limit=LIMIT, **kw)
 
 
-ENGINES = {"ar": None, "now": speculative.RowPrice, "gate before": row_price_before().RowPrice,
+ENGINES = {"ar": None, "now": speculative.RowPrice, "gate before": row_price_before(BEFORE).RowPrice,
            "steps + copies": StepsAndCopies}
 
 torch.set_grad_enabled(False)

@@ -10,8 +10,8 @@ import time
 
 import torch
 
-sys.path.insert(0, "docs/results/batch-gate")
-from before import row_price_before  # noqa: E402
+sys.path.insert(0, "docs/results/cut-batch1")
+from before import row_price_before  # noqa: E402  (read from git)
 
 import d3d  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
@@ -27,7 +27,7 @@ path = resolve_model(name)
 target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
 prompts = chat_prompts(tok, training_corpus(path), 0.05, 16, "validation", seed=1234, templates=1, explain=True)
-Base = row_price_before().RowPrice if before else speculative.RowPrice
+Base = row_price_before("ad9175a").RowPrice if before else speculative.RowPrice
 rounds = []
 
 

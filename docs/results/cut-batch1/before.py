@@ -1,4 +1,5 @@
-"""The row price as it was before this change (commit 2fe7efe), read from git, for the "gate before" runs."""
+"""The row price as it was at a commit (by default 2fe7efe, before this change), read from git, for the "gate
+before" runs (``docs/results/batch-gate/`` reads ad9175a's)."""
 import functools
 import subprocess
 import sys
@@ -8,9 +9,10 @@ COMMIT = "2fe7efe"
 
 
 @functools.cache
-def row_price_before() -> types.ModuleType:
-    source = subprocess.run(["git", "show", f"{COMMIT}:d3d/decode/row_price.py"], check=True,
+def row_price_before(commit: str = COMMIT) -> types.ModuleType:
+    source = subprocess.run(["git", "show", f"{commit}:d3d/decode/row_price.py"], check=True,
                             capture_output=True, text=True).stdout
-    module = sys.modules["row_price_before"] = types.ModuleType("row_price_before")  # dataclasses look it up
-    exec(compile(source, f"{COMMIT}:d3d/decode/row_price.py", "exec"), module.__dict__)
+    name = f"row_price_{commit}"
+    module = sys.modules[name] = types.ModuleType(name)  # dataclasses look it up
+    exec(compile(source, f"{commit}:d3d/decode/row_price.py", "exec"), module.__dict__)
     return module
