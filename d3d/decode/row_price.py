@@ -181,7 +181,7 @@ class RowPrice:
         return prior if d is None or h is None or d <= 0 else h / d
 
     def min_prob(self) -> float:
-        """The threshold R * b (at most ``ceiling``), or ``prior`` before it can be measured."""
+        """The threshold R * b (at most ``ceiling``), or before it can be measured ``prior`` scaled to the batch."""
         b = self.seconds_per_row() if self.rounds >= self.warmup else None
         if b is None:  # a batch of n rows: R * b = n b / (a + n b), from one row's prior b / (a + b)
             n, p = self.batch, self.prior
