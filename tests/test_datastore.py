@@ -179,16 +179,18 @@ def test_datastore_errors_are_named(tmp_path):
 
 def test_every_draft_source_proposes_a_draft():
     """The context lookup and the datastore are draft sources of one shape (d3d.decode.sources):
-    ``propose(context, max_len)`` gives a Draft or None, and its origin names its stats counter."""
+    ``propose(seq, max_len)`` gives a Draft after the sequence's tokens or None, and its origin names its
+    stats counter."""
     from d3d.decode.generation import GenerationStats
+    from d3d.decode.sequence import Sequence
     from d3d.decode.sources import ContextLookup, Draft, Origin
 
     lookup, store = ContextLookup(2), Datastore([[5, 6, 7, 8, 9]], min_ngram=2)
     for source in (lookup, store):
         assert source.origin in Origin and hasattr(GenerationStats("sync", 1, [1], [0]), f"{source.origin.value}_drafts")
-    copied = lookup.propose([1, 2, 3, 4, 1, 2], 3)
+    copied = lookup.propose(Sequence([1, 2, 3, 4, 1, 2], 8), 3)
     assert isinstance(copied, Draft) and copied.tokens == [3, 4, 1] and len(copied.confidence) == 3
-    assert lookup.propose([1, 2, 3], 3) is None
-    stored = store.propose([0, 5, 6], 2)
+    assert lookup.propose(Sequence([1, 2, 3], 8), 3) is None
+    stored = store.propose(Sequence([0, 5, 6], 8), 2)
     assert isinstance(stored, Draft) and stored.tokens == [7, 8] and stored.top_ids[0][0] == 7
-    assert store.propose([0, 1, 2], 2) is None
+    assert store.propose(Sequence([0, 1, 2], 8), 2) is None

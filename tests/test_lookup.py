@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from d3d.decode.lookup import LONG, LONG_MATCH, SHORT_MATCH, copy_confidence, lookup_chain, lookup_copy
+import random
+
+from d3d.decode.lookup import LONG, LONG_MATCH, SHORT_MATCH, NgramIndex, copy_confidence, lookup_chain, lookup_copy
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
 from d3d.decode.config import SpecConfig
 
@@ -38,6 +40,44 @@ def test_a_copy_knows_how_long_its_match_is_and_estimates_by_it():
     assert copy_confidence(3, 17)[-2:] == [SHORT_MATCH[-1]] * 2  # past the table: its last value
     assert all(a <= b for a, b in zip(SHORT_MATCH[:8], SHORT_MATCH[1:9]))  # survival raises the odds
     assert lookup_copy([1, 2, 3], 2, 4) is None
+
+
+
+@pytest.mark.parametrize("min_ngram,max_ngram", [(1, 1), (1, 4), (2, 8), (3, 8), (3, 3), (4, 9), (3, 2)])
+def test_the_index_finds_what_the_scan_finds_as_the_context_grows(min_ngram, max_ngram):
+    """An ``NgramIndex`` kept across calls gives the scan's copy and match length at every length of a
+    growing context: small alphabets (many matches, ties between equally long ones), pasted repeats of
+    earlier stretches (long matches, past LONG), the tail overlapping its match."""
+    rng = random.Random(min_ngram * 100 + max_ngram)
+    for trial in range(12):
+        alphabet = rng.choice([2, 3, 5, 40])
+        ctx, index, checked = [], NgramIndex(min_ngram), 0
+        while len(ctx) < 160:
+            if ctx and rng.random() < 0.3:  # repeat an earlier stretch (sometimes longer than LONG)
+                a = rng.randrange(len(ctx))
+                ctx += ctx[a:a + rng.randrange(1, 2 * LONG)]
+            else:
+                ctx += [rng.randrange(alphabet) for _ in range(rng.randrange(1, 4))]
+            for L in range(max(1, len(ctx) - 3), len(ctx) + 1):  # each length, as rounds commit 1-4 tokens
+                max_len = rng.choice([1, 4, 15])
+                fast = lookup_copy(ctx[:L], min_ngram, max_len, max_ngram, index=index)
+                slow = lookup_copy(ctx[:L], min_ngram, max_len, max_ngram)
+                assert (fast and (fast.tokens, fast.match)) == (slow and (slow.tokens, slow.match)), (ctx[:L], min_ngram)
+                checked += slow is not None
+        assert checked or alphabet == 40 or max_ngram < min_ngram  # the small alphabets do match
+    # the list may only grow: a shorter one starts afresh and still agrees
+    ctx = [1, 2, 3, 1, 2, 3, 1, 2]
+    index = NgramIndex(min_ngram)
+    for L in (8, 5, 8):
+        fast, slow = lookup_copy(ctx[:L], min_ngram, 4, max_ngram, index=index), lookup_copy(ctx[:L], min_ngram, 4, max_ngram)
+        assert (fast and fast.tokens) == (slow and slow.tokens)
+
+
+def test_an_index_serves_one_ngram_length():
+    with pytest.raises(ValueError, match="an index of 2-grams for min_ngram=3"):
+        lookup_copy([1, 2, 3, 1, 2, 3], 3, 4, index=NgramIndex(2))
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        NgramIndex(0)
 
 
 REPEATING = [[3, 7, 1, 3, 7], [5, 5, 5], [2, 9, 11, 4, 8, 1, 1, 6], [10, 12]]

@@ -121,9 +121,10 @@ class Datastore:
 
     origin = Origin.DATASTORE  # a draft source (d3d.decode.sources): counted as GenerationStats.datastore_drafts
 
-    def propose(self, context: list[int], max_len: int) -> Draft | None:
-        """``chain`` as a draft source's ``Draft`` (its estimates, and its runner-up tokens for leaves)."""
-        found = self.chain(context, max_len)
+    def propose(self, seq, max_len: int) -> Draft | None:
+        """``chain`` after the tokens of ``seq`` (a ``d3d.decode.sequence.Sequence``) as a draft source's
+        ``Draft`` (its estimates, and its runner-up tokens for leaves)."""
+        found = self.chain(seq.tokens, max_len)
         return Draft(found.tokens, found.confidence, found.top_ids, found.top_probs) if found.tokens else None
 
     def estimate(self, walk: list[tuple[int, list[tuple[int, int]]]]) -> Chain:

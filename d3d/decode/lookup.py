@@ -58,32 +58,82 @@ def copy_confidence(match: int, n: int) -> list[float]:
     return [SHORT_MATCH[min(k, len(SHORT_MATCH) - 1)] for k in range(n)]
 
 
-def lookup_copy(context: list[int], min_ngram: int, max_len: int, max_ngram: int = 8) -> Copy | None:
+def lookup_copy(context: list[int], min_ngram: int, max_len: int, max_ngram: int = 8,
+                index: "NgramIndex | None" = None) -> Copy | None:
     """Up to ``max_len`` tokens that followed the most recent earlier occurrence of the context's
     last n tokens, for the largest n in [``min_ngram``, ``max_ngram``] that occurs; None if none does.
 
     context: the committed tokens (prompt + output), the last one the anchor.
-
-    A plain scan, most recent position first: even with no match (the worst case) over thousands
-    of tokens of context it is small beside a CPU round of the 0.5B target
-    (docs/results/lookup/scan_cost.txt). An index of n-grams kept per sequence would make it
-    constant per round, for long contexts on a GPU.
+    index: the context's ``NgramIndex`` (n = ``min_ngram``), kept from call to call as the context grows:
+    the same answer from the earlier occurrences of the last ``min_ngram`` tokens alone. Without it, a
+    plain scan of every position (the reference the tests hold the index to), whose cost grows with the
+    context: 0.17 ms at 300 tokens, 2.5 ms at 4,000 (docs/results/lookup/scan_cost.txt), per sequence
+    and round, where the index's stays flat (docs/results/lookup-index/).
     """
     if min_ngram < 1 or max_len < 1:
         raise ValueError(f"lookup: min_ngram and max_len must be >= 1, got {min_ngram}, {max_len}")
     L = len(context)
+    if index is not None:
+        return index_copy(context, index, min_ngram, max_len, min(max_ngram, L - 1))
 
     def copy_after(tail: list[int]) -> Copy | None:
         n = len(tail)
         for start in range(L - n - 1, -1, -1):  # most recent first; the match itself is excluded
             if context[start:start + n] == tail:
-                m = n  # how far the match reaches back
-                while m < LONG and start - (m - n) > 0 and context[start - (m - n) - 1] == context[L - m - 1]:
-                    m += 1
-                return Copy(context[start + n:start + n + max_len], m)
+                return copy_at(context, start, n, max_len)
         return None
 
     return longest_suffix(context, min_ngram, min(max_ngram, L - 1), copy_after)
+
+
+def copy_at(context: list[int], start: int, n: int, max_len: int) -> Copy:
+    """The copy after a match of the last n tokens at ``start``, its length measured back up to ``LONG``."""
+    L, m = len(context), n
+    while m < LONG and start - (m - n) > 0 and context[start - (m - n) - 1] == context[L - m - 1]:
+        m += 1
+    return Copy(context[start + n:start + n + max_len], m)
+
+
+class NgramIndex:
+    """Where every n-gram of one growing token list starts (n = ``n``): a lookup reads the earlier
+    occurrences of the list's last n tokens instead of scanning it. ``occurrences`` indexes what was
+    appended since its last call; the list may only grow (a shorter one starts the index afresh)."""
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"NgramIndex: n must be >= 1, got {n}")
+        self.n, self.starts, self.indexed = n, {}, 0  # starts[n-gram]: its start positions, ascending
+
+    def occurrences(self, tokens: list[int]) -> list[int]:
+        """The starts s of the earlier occurrences of ``tokens``' last n, ascending: those whose n-gram ends
+        before the last token (s <= len - n - 1, as the scan's)."""
+        n, end = self.n, len(tokens) - self.n  # n-grams starting before `end` end before the last token
+        if end < self.indexed:
+            self.starts, self.indexed = {}, 0
+        for s in range(self.indexed, end):
+            self.starts.setdefault(tuple(tokens[s:s + n]), []).append(s)
+        self.indexed = max(self.indexed, end)
+        return self.starts.get(tuple(tokens[end:]), []) if end > 0 else []
+
+
+def index_copy(context: list[int], index: NgramIndex, min_ngram: int, max_len: int, top: int) -> Copy | None:
+    """``lookup_copy`` through ``index``: each earlier occurrence of the last ``min_ngram`` tokens, most recent
+    first, is extended back while it matches (up to ``top`` tokens); the longest wins, the most recent of
+    equals, as the scan's longest n and most recent start do."""
+    if index.n != min_ngram:
+        raise ValueError(f"lookup: an index of {index.n}-grams for min_ngram={min_ngram}")
+    L, g, best, at = len(context), min_ngram, 0, -1
+    if top < g:
+        return None
+    for s in reversed(index.occurrences(context)):
+        n = g
+        while n < top and s + g - 1 - n >= 0 and context[s + g - 1 - n] == context[L - 1 - n]:
+            n += 1
+        if n > best:
+            best, at = n, s
+            if n == top:
+                break
+    return copy_at(context, at + g - best, best, max_len) if best else None
 
 
 def longest_suffix(context: list[int], min_ngram: int, max_ngram: int, propose):
@@ -103,4 +153,4 @@ def lookup_chain(context: list[int], min_ngram: int, max_len: int, max_ngram: in
     return found.tokens if found else []
 
 
-__all__ = ["lookup_chain", "lookup_copy", "longest_suffix", "copy_confidence", "Copy", "SHORT_MATCH", "LONG_MATCH", "LONG"]
+__all__ = ["lookup_chain", "lookup_copy", "NgramIndex", "longest_suffix", "copy_confidence", "Copy", "SHORT_MATCH", "LONG_MATCH", "LONG"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .config import Sampling
+from .lookup import NgramIndex
 from .sources import Draft, Origin
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class Sequence:
         self.row: int | None = None  # its cache row in that decoder
         self.draft: Draft | None = None  # the draft it holds for its next round
         self.origin: Origin | None = None  # ... and where that came from
+        self.ngrams: NgramIndex | None = None  # context lookup's index of the tokens' n-grams (d3d.decode.sources)
         self.stopped = False  # ended on a stop token (else at max_new, or dropped)
         self.done = False
         self.tally = Tally()

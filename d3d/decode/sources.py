@@ -11,7 +11,8 @@ asks, per row, until one answers (``d3d.decode.speculative.Drafting.prepare``):
     the drafter                      one batched pass for every row still without a draft
 
 Every source but the drafter has ``origin`` (an ``Origin``: what a sequence's counts and
-``GenerationStats`` file its drafts under) and ``propose(context, max_len) -> Draft | None``.
+``GenerationStats`` file its drafts under) and ``propose(seq, max_len) -> Draft | None``: a draft after
+the ``Sequence``'s committed tokens, which a source may keep an index of on it (``Sequence.ngrams``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from .lookup import lookup_copy
+from .lookup import NgramIndex, lookup_copy
 
 
 class Origin(Enum):
@@ -67,15 +68,18 @@ class Draft:
 
 class ContextLookup:
     """Prompt lookup as a draft source: after a match of ``min_ngram``+ tokens, the tokens that
-    followed, with ``d3d.decode.lookup``'s estimates as confidences (no runner-up tokens: no leaves)."""
+    followed, with ``d3d.decode.lookup``'s estimates as confidences (no runner-up tokens: no leaves).
+    Each sequence keeps the index of its tokens' n-grams (``Sequence.ngrams``) from round to round."""
 
     origin = Origin.LOOKUP
 
     def __init__(self, min_ngram: int):
         self.min_ngram = min_ngram
 
-    def propose(self, context: list[int], max_len: int) -> Draft | None:
-        found = lookup_copy(context, self.min_ngram, max_len)
+    def propose(self, seq, max_len: int) -> Draft | None:
+        if seq.ngrams is None or seq.ngrams.n != self.min_ngram:
+            seq.ngrams = NgramIndex(self.min_ngram)
+        found = lookup_copy(seq.tokens, self.min_ngram, max_len, index=seq.ngrams)
         return None if found is None else Draft(found.tokens, found.confidence, [], [])
 
 

@@ -231,7 +231,7 @@ class Drafting:
     def propose(self, seq: Sequence) -> bool:
         """The first proposal of ``sources`` for ``seq`` becomes its draft; False if none has one."""
         for source in self.sources:
-            draft = source.propose(seq.tokens, self.B - 1)
+            draft = source.propose(seq, self.B - 1)
             if draft is not None and draft.tokens:
                 seq.draft, seq.origin = draft, source.origin
                 return True
