@@ -165,6 +165,37 @@ def test_greedy_equals_ar(mode, kind, block_size):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_drafter_catches_up_on_a_window_of_the_context(mode, monkeypatch):
+    """A drafter pass catches up on at most DRAFT_WINDOW committed tokens: a long prompt, or a long run of
+    plain steps, starts the drafter's cache afresh that far before the anchor. Output stays ar's."""
+    import d3d.decode.row_price as row_price
+
+    monkeypatch.setattr(speculative, "DRAFT_WINDOW", 6)
+    target = tiny_target()
+    drafter = random_drafter(target, 4)
+    prompts = [[(7 * i + 3) % (V - 1) for i in range(23)], [5, 9], [(5 * i + 1) % (V - 1) for i in range(14)]]
+    ref = reference(target, prompts, 40)
+    fed, calls = [], [0]
+    start = Drafter.start
+
+    def spy(self, cache, rows, clean, blocks, size):
+        fed.extend(len(c) for c in clean)
+        return start(self, cache, rows, clean, blocks, size)
+
+    def steps_for_a_while(self, price, rows):  # rounds 3-14 take plain steps: the drafter falls 12 tokens behind
+        calls[0] += 1
+        return not 3 <= calls[0] <= 14
+
+    monkeypatch.setattr(Drafter, "start", spy)
+    monkeypatch.setattr(row_price.Fixed, "drafts", steps_for_a_while)
+    out = generate(target, prompts, max_new_tokens=40, mode=mode, drafter=drafter, block_size=4)
+    assert out.tokens == ref
+    drafts = 0 if mode == "sync" else 3  # async's clean run takes the anchor and the drafts too
+    assert fed and max(fed) <= 6 + 1 + drafts, fed
+    assert max(fed) >= 6  # the window was reached, not skipped
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("min_prob", [0.05, 0.3, 1.0])
 def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
     """verify_min_prob: the target verifies only the drafts the drafter believes in (the longest

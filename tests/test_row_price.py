@@ -314,3 +314,21 @@ def test_auto_successor_threshold_keeps_greedy_output():
     assert SpecConfig.parse("async successor_threshold=auto").successor_threshold == "auto"
     with pytest.raises(ValueError, match="successor_threshold"):
         SpecConfig(mode="async", successor_threshold="sometimes").check()
+
+
+def test_the_drafter_catching_up_is_left_out_of_the_rate():
+    """R is the rate of the rounds to come: one sequence's round whose drafter pass caught its cache up (the first
+    drafting round, or the first after plain steps) does not enter it, though its rows still time b."""
+    price = RowPrice()
+    price.batch = 1
+    price.observe(rows=3, verify_seconds=0.02, tokens=1, round_seconds=0.65, drafted=True)  # a long prompt's catch-up
+    price.observe(rows=1, verify_seconds=0.015, tokens=1, round_seconds=0.016, drafted=False)
+    assert price.rate() == pytest.approx(1 / 0.016)
+    price.observe(rows=3, verify_seconds=0.02, tokens=2, round_seconds=0.03, drafted=True)  # catches up after a step
+    assert price.rate() == pytest.approx(1 / 0.016) and price.rated == 1  # ... and is not a round of the rate either
+    price.observe(rows=3, verify_seconds=0.02, tokens=2, round_seconds=0.04, drafted=True)  # a drafting round counts
+    assert 2 / 0.04 < price.rate() < 1 / 0.016 and price.rated == 2
+    batch = RowPrice()
+    batch.batch = 4  # batches keep what they were validated with: every round counts
+    batch.observe(rows=8, verify_seconds=0.05, tokens=4, round_seconds=0.6, drafted=True)
+    assert batch.rate() == pytest.approx(4 / 0.6)

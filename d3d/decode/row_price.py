@@ -96,23 +96,31 @@ class RowPrice:
         self.rounds, self.cheap = 0, probe_every  # ... and the batch's rounds in a row with R * b below batch_limit
         self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
         self.tokens = self.seconds = 0.0
+        self.rated = 0  # rounds in R
 
     def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float,
                 drafted: bool | None = True) -> None:
         """One round: a verification of ``rows`` target rows took ``verify_seconds``; the whole round
         (drafting included, if the drafter ran: ``drafted``) committed ``tokens`` in ``round_seconds``.
         ``drafted`` None: neither kind (every row had a copied draft), which tells ``draft`` nothing; nor
-        does a drafting round whose pass caught the drafter's cache up (the first, or the first after a plain step)."""
+        does a drafting round of one sequence whose pass caught the drafter's cache up (the first, or the first
+        after a plain step), which R leaves out too: the first round of a 2,000-token prompt took 650 ms against
+        ~20 for the rest, and held R, so the cut, at a tenth of their rate for ~40 rounds
+        (docs/results/draft-window/)."""
         if rows < 1 or verify_seconds < 0 or tokens < 0 or round_seconds < 0:
             raise ValueError(f"observe(rows={rows}, verify_seconds={verify_seconds}, tokens={tokens}, "
                              f"round_seconds={round_seconds}): rows >= 1 and times and tokens >= 0")
         d = 1.0 if self.rounds == 0 else self.decay
         for j, x in enumerate((rows, rows * rows, verify_seconds, rows * verify_seconds)):
             self.m[j] += d * (x - self.m[j])
-        self.tokens += d * (tokens - self.tokens)
-        self.seconds += d * (round_seconds - self.seconds)
         single = self.batch == 1  # one sequence (module docstring); batches as they were validated
-        if drafted is True and self.stale and single:  # the pass caught the drafter's cache up
+        caught_up = drafted is True and self.stale and single  # the pass caught the drafter's cache up
+        if not caught_up:  # R is the rate of rounds to come: a catch-up pass is not one of them
+            d = 1.0 if self.rated == 0 else self.decay
+            self.tokens += d * (tokens - self.tokens)
+            self.seconds += d * (round_seconds - self.seconds)
+            self.rated += 1
+        if caught_up:
             self.stale, drafted = False, None
         if drafted is not None:
             kind, self.samples[drafted] = self.by_kind[drafted], self.samples[drafted] + 1

@@ -63,6 +63,7 @@ class Sequence:
         self.row: int | None = None  # its cache row in that decoder
         self.draft: Draft | None = None  # the draft it holds for its next round
         self.origin: Origin | None = None  # ... and where that came from
+        self.draft_from = 0  # the first committed token its drafter cache holds (d3d.decode.speculative.DRAFT_WINDOW)
         self.ngrams: NgramIndex | None = None  # context lookup's index of the tokens' n-grams (d3d.decode.sources)
         self.stopped = False  # ended on a stop token (else at max_new, or dropped)
         self.done = False

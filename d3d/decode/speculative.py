@@ -27,7 +27,9 @@ it cannot draft before verification ends: steps 1, 2, 4, 5 with its own drafter.
 Each request is a ``Sequence`` (``d3d.decode.sequence``): its committed tokens, the draft it holds for
 its next round, its cache row, its counts. Invariants, per sequence: ``Sequence.tokens`` = prompt +
 output; the last committed token is the *anchor*; the target cache holds every committed token but the
-anchor; the drafter cache holds a prefix of the committed tokens (only clean tokens are ever kept).
+anchor; the drafter cache holds a prefix of the committed tokens from ``Sequence.draft_from`` on (only
+clean tokens are ever kept). A drafter pass catches up on at most ``DRAFT_WINDOW`` tokens: where more lag
+(a long prompt, a long run of plain steps), its cache starts afresh that far before the anchor.
 
 Leaves cost one target row each and no drafting. The likeliest bonuses are what async pre-drafts
 successors for; verifying them instead pays where rows are cheap but compute is saturated (a CPU:
@@ -61,6 +63,10 @@ if TYPE_CHECKING:
     from ..draft.drafter import Drafter, DraftJob, Drafts
 
 
+# The most committed tokens a drafter pass catches up on (module docstring): the drafter was trained on rows of
+# the last 256 tokens of request + answer (models/d3d-drafter-qwen2.5-coder-0.5b/README.md), and a pass over a
+# 2,000-token prompt cost ~0.6 s, 40 of the 0.5B's steps (docs/results/draft-window/)
+DRAFT_WINDOW = 256
 _LEAF_SEED = 1 << 31  # the leaves' bonus samples use streams apart from the round's acceptance
 _GROUP_SEED = 0x9E3779B9  # ... and each draft length of a batch its own (an odd step: no round's key meets another's)
 
@@ -237,12 +243,24 @@ class Drafting:
                 return True
         return False
 
+    def window(self, seqs: list[Sequence]) -> list[int]:
+        """Where each sequence's uncached committed tokens start (``Sequence.draft_from`` + its cached ones);
+        a sequence whose drafter cache lags more than ``DRAFT_WINDOW`` tokens behind the anchor starts it afresh
+        there."""
+        lengths, starts = self.dcache.lengths, []
+        for s in seqs:
+            if len(s.tokens) - 1 - (s.draft_from + lengths[s.row]) > DRAFT_WINDOW:
+                self.dcache.crop(s.row, 0)
+                s.draft_from = len(s.tokens) - 1 - DRAFT_WINDOW
+            starts.append(s.draft_from + lengths[s.row])
+        return starts
+
     def draft(self, seqs: list[Sequence]) -> list[Draft]:
         """Step 1 for sequences without a ready draft: one drafter pass over each one's uncached committed
-        tokens and the block [anchor, mask x draft_size]."""
-        lengths = self.dcache.lengths
-        d = self.drafter.draft_blocks(self.dcache, [s.row for s in seqs], [s.tokens[lengths[s.row]:-1] for s in seqs],
-                                      [[Block(len(s.tokens) - 1 - lengths[s.row], s.tokens[-1])] for s in seqs],
+        tokens (at most ``DRAFT_WINDOW``) and the block [anchor, mask x draft_size]."""
+        starts = self.window(seqs)
+        d = self.drafter.draft_blocks(self.dcache, [s.row for s in seqs], [s.tokens[a:-1] for s, a in zip(seqs, starts)],
+                                      [[Block(len(s.tokens) - 1 - a, s.tokens[-1])] for s, a in zip(seqs, starts)],
                                       self.size, top=self.top)
         self.stats.drafter_forwards += self.drafter.dcfg.denoise_steps
         return host_drafts(d)
@@ -272,9 +290,9 @@ class Drafting:
         js = [j for j in range(len(seqs)) if hyps[j] and sum(h.score for h in hyps[j]) >= threshold]
         if not js:
             return None, set()
-        lengths = self.dcache.lengths
-        clean = [seqs[j].tokens[lengths[seqs[j].row]:] + drafts[j].tokens for j in js]
-        base = [len(seqs[j].tokens) - lengths[seqs[j].row] for j in js]  # clean tokens before d_1
+        starts = self.window([seqs[j] for j in js])
+        clean = [seqs[j].tokens[a:] + drafts[j].tokens for j, a in zip(js, starts)]
+        base = [len(seqs[j].tokens) - a for j, a in zip(js, starts)]  # clean tokens before d_1
         blocks = [[Block(b + h.accepted, h.bonus) for h in hyps[j]] for j, b in zip(js, base)]
         return self.drafter.start(self.dcache, [seqs[j].row for j in js], clean, blocks, self.B), set(js)
 
@@ -288,7 +306,7 @@ class Drafting:
         leaf hit: the successors start one token early). Returns the index of that hypothesis, or None."""
         hit, accepted = None, o.main_accepted
         if mine:
-            self.dcache.crop(seq.row, len(seq.tokens) + accepted)
+            self.dcache.crop(seq.row, len(seq.tokens) - seq.draft_from + accepted)
             hit = matching(hyps, [s.guess for s in mine], accepted, o.bonus) if o.leaf is None else None
             seq.tally.successor_hits += hit is not None
             seq.tally.hits_by_accept[accepted] += hit is not None
@@ -327,7 +345,7 @@ class SpeculativeDecoder(Decoder):
             check_lossless_sampling(seq.sampling)
         self.place(seqs)
         for seq in seqs:
-            seq.spec, seq.draft = self.spec, None
+            seq.spec, seq.draft, seq.draft_from = self.spec, None, 0
             self.side.dcache.crop(seq.row, 0)
         for seq, t in zip(seqs, self.prefill(self.verifier.tcache, seqs)[0]):
             self.emit(seq, [t])
@@ -451,5 +469,5 @@ def round_info(r: Round, j: int, origin: Origin, o: Outcome, new: list[int], min
                      stored=origin is Origin.DATASTORE, min_prob=r.min_prob)
 
 
-__all__ = ["SpeculativeDecoder", "RoundInfo", "Round", "Verifier", "Drafting", "Draft", "Outcome", "host_drafts",
+__all__ = ["DRAFT_WINDOW", "SpeculativeDecoder", "RoundInfo", "Round", "Verifier", "Drafting", "Draft", "Outcome", "host_drafts",
            "verify_widths"]
