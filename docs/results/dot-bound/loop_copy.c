@@ -1,9 +1,10 @@
 // A standalone copy of quant_vnni.cpp's 8-row int8 loop (1 thread, 64 panels of 16 columns x K in L2), to see
 // what bounds it: with K a compile-time constant (KRUN=0) every row's activations sit at a constant offset;
 // with K read at run time (KRUN=1) the loop needs a pointer per row, as the kernel did before its activations
-// were laid out by row tile. EPILOGUE=0 drops the per-group fp32 rescale.
+// were laid out by row tile. EPILOGUE=0 drops the per-group fp32 rescale; NOPERM=1 the vpermb of each load of
+// weights, NOXOR=1 its xor (wrong sums, the same instructions less one).
 //   for k in 0 1; do for e in 1 0; do gcc -O3 -march=native -DKRUN=$k -DEPILOGUE=$e loop_copy.c -o /tmp/lc && /tmp/lc; done; done
-// (loop_copy.txt: twice, as run on the development machine)
+// (loop_copy.txt: twice, as run on the development machine; docs/results/zen4/loop_copy_zen4.txt: a Zen 4)
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,7 +45,13 @@ int main(int argc, char** argv) {
                 for (int k = a * 32; k < a * 32 + 32; k += 4) {
                     const uint8_t* q = wp + k * 16;
                     _mm_prefetch((const char*)(q + 4096), _MM_HINT_T0);
+#if NOPERM
+                    const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(q), sign);
+#elif NOXOR
+                    const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(q));
+#else
                     const __m512i v = _mm512_xor_si512(_mm512_permutexvar_epi8(perm, _mm512_loadu_si512(q)), sign);
+#endif
                     DB(I0, v, X + 0 * K + k); DB(I1, v, X + 1 * K + k); DB(I2, v, X + 2 * K + k); DB(I3, v, X + 3 * K + k);
                     DB(I4, v, X + 4 * K + k); DB(I5, v, X + 5 * K + k); DB(I6, v, X + 6 * K + k); DB(I7, v, X + 7 * K + k);
                 }
