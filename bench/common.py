@@ -107,6 +107,24 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def runs_over_ar(tok_s: dict[str, list[float]], tau: dict[str, list[float]]) -> dict:
+    """Per run of one request set (tok/s and τ per request, ``"ar"`` among the runs): the medians of tok/s and τ,
+    and the median and the worst of the per-request ratios over ar; printed one line a run as well."""
+    out = {}
+    for r, speeds in tok_s.items():
+        ratios = [a / b for a, b in zip(speeds, tok_s["ar"])]
+        out[r] = {"median_tok_s": round(statistics.median(speeds), 2),
+                  "median_tau": round(statistics.median(tau[r]), 3) if r != "ar" else None,
+                  "median_vs_ar": round(statistics.median(ratios), 3), "worst_vs_ar": round(min(ratios), 3)}
+    return out
+
+
+def print_runs_over_ar(name: str, summary: dict) -> None:
+    for r, v in summary.items():
+        print(f"{name:9} {r:28} {v['median_tok_s']:6.1f} tok/s  tau {v['median_tau']}  {v['median_vs_ar']:.3f}x ar "
+              f"(worst {v['worst_vs_ar']:.3f}x)")
+
+
 def write_json(path: str | None, payload: dict) -> None:
     if path:
         atomic_write_json(path, payload)

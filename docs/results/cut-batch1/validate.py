@@ -12,7 +12,6 @@ Runs: ``ar``, any ``generate --spec`` string, "sync, no gate" (the defaults with
 passes: ``before.py`` reads it from git; run from the repository root). Default runs: ar, sync, sync with no
 gate, and the fixed cuts 0.05, 0.1, 0.2 (``validation_*.json``).
 """
-import statistics
 import sys
 import time
 
@@ -22,7 +21,7 @@ sys.path.insert(0, "docs/results/cut-batch1")
 from before import row_price_before  # noqa: E402
 
 import d3d
-from bench.common import machine, write_json
+from bench.common import machine, print_runs_over_ar, runs_over_ar, write_json
 from d3d.data.corpus import training_corpus
 from d3d.data.prompts import mtbench_prompts
 from d3d.decode import row_price, speculative
@@ -74,16 +73,9 @@ for s, prompts in sets.items():
         if any(o != outs["ar"] for o in outs.values()):
             raise SystemExit(f"{s} request {i}: an output differs from ar's")
         print(f"{s} {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
-summary = {s: {r: {"median_tok_s": round(statistics.median(tok_s[s][r]), 2),
-                   "median_tau": round(statistics.median(tau[s][r]), 3) if r != "ar" else None,
-                   "median_vs_ar": round(statistics.median(a / b for a, b in zip(tok_s[s][r], tok_s[s]["ar"])), 3),
-                   "worst_vs_ar": round(min(a / b for a, b in zip(tok_s[s][r], tok_s[s]["ar"])), 3)}
-               for r in runs} for s in sets}
+summary = {s: runs_over_ar(tok_s[s], tau[s]) for s in sets}
 for s in sets:
-    for r in runs:
-        v = summary[s][r]
-        print(f"{s:8} {r:28} {v['median_tok_s']:6.1f} tok/s  tau {v['median_tau']}  {v['median_vs_ar']:.3f}x ar "
-              f"(worst {v['worst_vs_ar']:.3f}x)")
+    print_runs_over_ar(s, summary[s])
 write_json(out_path, {"bench": "cut and gate for one sequence", "machine": machine(), "model": name, "n": n,
                       "mtbench_validation": MTBENCH_VALIDATION, "new_tokens": 128, "summary": summary,
                       "tok_s": tok_s, "tau": tau})

@@ -13,7 +13,6 @@ none); ``before`` (no window and the row price of commit c809e9c, whose R counte
 (the window, with c809e9c's row price).
 """
 import importlib
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ sys.path.insert(0, "docs/results/cut-batch1")
 from before import row_price_before  # noqa: E402
 
 import d3d  # noqa: E402
-from bench.common import machine, write_json  # noqa: E402
+from bench.common import machine, print_runs_over_ar, runs_over_ar, write_json  # noqa: E402
 from d3d.data.corpus import training_corpus  # noqa: E402
 from d3d.data.prompts import mtbench_prompts  # noqa: E402
 from d3d.decode import speculative  # noqa: E402
@@ -93,16 +92,9 @@ for rep in range(reps):
                 raise SystemExit(f"{s} request {i}: an output differs from ar's")
             print(f"rep {rep + 1} {s} {i + 1}/{len(prompts)}", {r: round(v[-1], 1) for r, v in tok_s[s].items()},
                   file=sys.stderr, flush=True)
-summary = {s: {r: {"median_tok_s": round(statistics.median(tok_s[s][r]), 2),
-                   "median_tau": round(statistics.median(tau[s][r]), 3) if r != "ar" else None,
-                   "median_vs_ar": round(statistics.median(a / b for a, b in zip(tok_s[s][r], tok_s[s]["ar"])), 3),
-                   "worst_vs_ar": round(min(a / b for a, b in zip(tok_s[s][r], tok_s[s]["ar"])), 3)}
-               for r in runs} for s in sets}
+summary = {s: runs_over_ar(tok_s[s], tau[s]) for s in sets}
 for s in sets:
-    for r in runs:
-        v = summary[s][r]
-        print(f"{s:9} {r:12} {v['median_tok_s']:6.1f} tok/s  tau {v['median_tau']}  {v['median_vs_ar']:.3f}x ar "
-              f"(worst {v['worst_vs_ar']:.3f}x)")
+    print_runs_over_ar(s, summary[s])
 write_json(out_path, {"bench": "drafter window and R without the catch-up, one sequence", "machine": machine(),
                       "model": name, "sets": {s: LONG.get(s, len(p)) for s, p in sets.items()}, "reps": reps,
                       "new_tokens": 128, "decode_only": True, "summary": summary, "tok_s": tok_s, "tau": tau})
