@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
-
-import random
 
 from d3d.decode.lookup import LONG, LONG_MATCH, SHORT_MATCH, NgramIndex, copy_confidence, lookup_chain, lookup_copy
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
@@ -40,7 +39,6 @@ def test_a_copy_knows_how_long_its_match_is_and_estimates_by_it():
     assert copy_confidence(3, 17)[-2:] == [SHORT_MATCH[-1]] * 2  # past the table: its last value
     assert all(a <= b for a, b in zip(SHORT_MATCH[:8], SHORT_MATCH[1:9]))  # survival raises the odds
     assert lookup_copy([1, 2, 3], 2, 4) is None
-
 
 
 @pytest.mark.parametrize("min_ngram,max_ngram", [(1, 1), (1, 4), (2, 8), (3, 8), (3, 3), (4, 9), (3, 2)])

@@ -104,7 +104,7 @@ class RowPrice:
         (drafting included, if the drafter ran: ``drafted``) committed ``tokens`` in ``round_seconds``.
         ``drafted`` None: neither kind (every row had a copied draft), which tells ``draft`` nothing; nor
         does a drafting round of one sequence whose pass caught the drafter's cache up (the first, or the first
-        after a plain step), which R leaves out too: the first round of a 2,000-token prompt took 650 ms against
+        after a plain step), which R leaves out too: the first round of a 2,000-token prompt took 635 ms against
         ~20 for the rest, and held R, so the cut, at a tenth of their rate for ~40 rounds
         (docs/results/draft-window/)."""
         if rows < 1 or verify_seconds < 0 or tokens < 0 or round_seconds < 0:
@@ -115,13 +115,13 @@ class RowPrice:
             self.m[j] += d * (x - self.m[j])
         single = self.batch == 1  # one sequence (module docstring); batches as they were validated
         caught_up = drafted is True and self.stale and single  # the pass caught the drafter's cache up
-        if not caught_up:  # R is the rate of rounds to come: a catch-up pass is not one of them
+        if caught_up:  # R is the rate of rounds to come: a catch-up pass is not one of them
+            self.stale, drafted = False, None
+        else:
             d = 1.0 if self.rated == 0 else self.decay
             self.tokens += d * (tokens - self.tokens)
             self.seconds += d * (round_seconds - self.seconds)
             self.rated += 1
-        if caught_up:
-            self.stale, drafted = False, None
         if drafted is not None:
             kind, self.samples[drafted] = self.by_kind[drafted], self.samples[drafted] + 1
             d = max(KIND_DECAY, 1 / self.samples[drafted]) if single else DRAFT_DECAY  # a mean at first

@@ -255,7 +255,8 @@ void tile_of(int64_t mr, const Act& X, int64_t m0, const Weights& W, float* y, i
 
 // As quant_vnni.cpp's run: up to STREAM_ROWS rows a tile runs down the whole of K, one panel at a time; more
 // rows take each panel's k blocks of 256 through every row tile (docs/results/batch-gate/loop_order_maddubs.json).
-// Each kernel keeps this loop under its own target pragma, so that its tiles inline into it (a template shared through quant_int8.h cost the matmuls of 8 rows ~2%).
+// Each kernel keeps this loop under its own target pragma, so that its tiles inline into it (a template shared
+// through quant_int8.h cost the matmuls of 8 rows ~2%).
 constexpr int64_t STREAM_ROWS = 16;
 
 template <int BITS, int SC>
