@@ -10,7 +10,7 @@ argparse, textwrap, difflib, shlex), ``long-eval`` (the same for json.decoder, c
 never chosen on), ``code``, ``explain`` (8 validation requests each, as cut-batch1/validate.py), ``mtbench`` (its
 8 validation questions). RUN: ``ar``; ``now`` (the defaults); ``window=N`` (the defaults with DRAFT_WINDOW = N, 0:
 none); ``before`` (no window and the row price of commit c809e9c, whose R counted the catch-up round); ``r-before``
-(the window, with c809e9c's row price).
+(the window, with c809e9c's row price); ``price@REV`` (the defaults with the row price of git revision REV).
 """
 import importlib
 import sys
@@ -70,6 +70,8 @@ def run(engine: str, prompt):
         speculative.DRAFT_WINDOW, speculative.RowPrice = 1 << 30, row_price_before(BEFORE).RowPrice
     if engine == "r-before":
         speculative.RowPrice = row_price_before(BEFORE).RowPrice
+    if engine.startswith("price@"):
+        speculative.RowPrice = row_price_before(engine.split("@")[1]).RowPrice
     try:
         out = d3d.generate(target, prompt, max_new_tokens=128, spec="ar" if engine == "ar" else "sync", drafter=drafter,
                            stop_ids=tok.stop_token_ids())
