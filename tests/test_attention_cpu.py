@@ -157,3 +157,34 @@ def test_shapes_the_kernel_cannot_take_stay_on_sdpa():
     odd = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64)
     assert not ac.row_invariant(torch.device("cpu"), odd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,Hkv,D", [(14, 2, 64), (12, 2, 128), (6, 3, 40), (16, 1, 24)])
+def test_blocks_of_keys_give_each_rows_own_step(dtype, H, Hkv, D):
+    """Keys are taken a block at a time for all the rows of a sequence: whatever the block (8 keys, an odd
+    count, one block for all), the ISA, or how the rows are split among threads (one sequence, one kv head),
+    each row is its own one-token step; leaves see through their masks."""
+    lens, cached, rows = [9, 1, 5], [600, 0, 333], [2, 0, 1]
+    kc, vc = cache(3, Hkv, 700, D, dtype, seed=7)
+    cu, g = packed(lens, cached)
+    reach = g.clone()
+    reach[7], reach[8] = reach[3], reach[5]  # the first sequence's last two tokens: leaves after d2 and after d4
+    q = torch.randn(cu[-1], H, D, generator=torch.Generator().manual_seed(8)).to(dtype)
+    plan = ac.cpu_plan(cu, cached, rows, g, reach)
+    size = D * kc.element_size()
+    outs = [ac.attend_cpu(q, kc, vc, plan, D ** -0.5, isa=isa, block_bytes=b)
+            for isa in ("avx2", "auto") for b in (0, 8 * size, 200 * size, 1 << 30)]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    out = outs[0]
+    for n, (c, L) in enumerate(zip(cached, lens)):
+        for i in range(L if n else 7):
+            assert torch.equal(step(q[cu[n] + i], kc, vc, rows[n], c + i + 1, D), out[cu[n] + i]), (n, i)
+    for leaf, prefix in ((7, 3), (8, 5)):
+        keys = list(range(cached[0] + prefix)) + [cached[0] + leaf]
+        k2, v2 = kc[2:3, :, keys].contiguous(), vc[2:3, :, keys].contiguous()
+        assert torch.equal(step(q[leaf], k2, v2, 0, len(keys), D), out[leaf]), leaf
+    alone = ac.attend_cpu(q[:9], kc, vc, ac.cpu_plan([0, 9], [600], [2], g[:9], reach[:9]), D ** -0.5)
+    assert torch.equal(alone, out[:9])  # one sequence: its rows split among the threads
+    with pytest.raises(RuntimeError, match="block_bytes=-1"):
+        ac.attend_cpu(q, kc, vc, plan, D ** -0.5, block_bytes=-1)

@@ -14,6 +14,10 @@
 // The dot product over D: 8 lanes of fma, d = l, l + 8, ..., then a fixed tree; the query heads of
 // one kv head share each key and value load. Loop oracle: naive.packed_attention_reference (float64).
 //
+// A work item is one sequence's query rows (those over one cache row) and one kv head, and it takes the keys a
+// block at a time (~64 KB of K, then of V; ``attend_rows``): every row and head over a block before the next, so a
+// key and a value are read from memory once for all of them. Blocks change no sum's order (the same bits).
+//
 // AVX-512 (where the CPU has it, or isa = 2): the same sums in the same order, twice as wide. Scores put
 // two query heads side by side (lanes 0-7 head g, 8-15 head g + 1, the key's 8 lanes in both halves), so
 // each lane runs the 8-lane code's fma chain; values run 16 output dims a register, each dim's chain over
@@ -22,6 +26,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -82,6 +87,7 @@ inline void store(at::BFloat16* p, float v) { *p = at::BFloat16(v); }  // round 
 
 constexpr int MAX_GROUP = 16;  // query heads per kv head
 constexpr int MAX_D = 256;
+constexpr int64_t BLOCK_BYTES = 65536;  // keys a block (attend_rows): ~64 KB of K, then as much V
 
 // The visible keys of query i: j < first[i], or mask[i, j - first[i]]
 inline void visible(int64_t i, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W,
@@ -95,12 +101,11 @@ inline void visible(int64_t i, const int64_t* nkeys, const int64_t* first, const
 // s[g, t] = scale * (q_g . k_vis[t]) for heads g0 <= g < G (AVX2), each visible key loaded once for them
 template <typename KV>
 void scores8(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t G, int64_t D, const KV* kc,
-             const std::vector<int64_t>& vis, int64_t nv8, float scale, float* s) {
-    const int64_t nv = static_cast<int64_t>(vis.size());
+             const std::vector<int64_t>& vis, int64_t t0, int64_t t1, int64_t nv8, float scale, float* s) {
     // 8 keys at a time: 8 dot products side by side, reduced together (hsum8x8: hsum8's sums, in its order)
     const __m256 sc = _mm256_set1_ps(scale);
-    int64_t t = 0;
-    for (; t + 8 <= nv; t += 8) {
+    int64_t t = t0;
+    for (; t + 8 <= t1; t += 8) {
         const KV* k[8];
         for (int u = 0; u < 8; ++u) k[u] = kc + vis[t + u] * D;
         for (int64_t g = g0; g < G; ++g) {
@@ -113,7 +118,7 @@ void scores8(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t G, int64_t
             _mm256_storeu_ps(s + g * nv8 + t, _mm256_mul_ps(hsum8x8(acc), sc));
         }
     }
-    for (; t < nv; ++t) {
+    for (; t < t1; ++t) {
         const KV* k = kc + vis[t] * D;
         for (int64_t g = g0; g < G; ++g) {
             __m256 acc = _mm256_setzero_ps();
@@ -126,13 +131,13 @@ void scores8(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t G, int64_t
 // o[g] = sum_t p[g, t] v_vis[t] for one head (AVX2): 64 outputs at a time in registers (8 fma chains: 4 left
 // the fma units half idle waiting on latency), keys in order
 template <typename KV>
-void values8(const float* pg, const KV* vc, const std::vector<int64_t>& vis, int64_t D, float* og) {
-    const int64_t nv = static_cast<int64_t>(vis.size());
+void values8(const float* pg, const KV* vc, const std::vector<int64_t>& vis, int64_t t0, int64_t t1, int64_t D,
+             float* og) {
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
         const int64_t c = std::min<int64_t>(8, (D - d0) / 8);
         __m256 a[8];
-        for (auto& r : a) r = _mm256_setzero_ps();
-        for (int64_t t = 0; t < nv; ++t) {
+        for (int64_t u = 0; u < c; ++u) a[u] = t0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(og + d0 + 8 * u);
+        for (int64_t t = t0; t < t1; ++t) {
             const KV* v = vc + vis[t] * D + d0;
             const __m256 p = _mm256_set1_ps(pg[t]);
             for (int64_t u = 0; u < c; ++u) a[u] = _mm256_fmadd_ps(p, load8(v + 8 * u), a[u]);
@@ -156,16 +161,15 @@ inline __m512 load16(const at::BFloat16* p) {
 // scores8 for heads g0, g0 + 1 at once: lanes 0-7 are head g0's 8 lanes, 8-15 head g0 + 1's (the same chains)
 template <typename KV>
 void scores16(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t D, const KV* kc,
-              const std::vector<int64_t>& vis, int64_t nv8, float scale, float* s) {
-    const int64_t nv = static_cast<int64_t>(vis.size());
+              const std::vector<int64_t>& vis, int64_t t0, int64_t t1, int64_t nv8, float scale, float* s) {
     __m512 qq[MAX_D / 8];
     for (int64_t d = 0; d < D; d += 8)
         qq[d / 8] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(qf[g0] + d)), _mm256_load_ps(qf[g0 + 1] + d), 1);
     const __m256 sc = _mm256_set1_ps(scale);
     float* s0 = s + g0 * nv8;
     float* s1 = s0 + nv8;
-    int64_t t = 0;
-    for (; t + 8 <= nv; t += 8) {
+    int64_t t = t0;
+    for (; t + 8 <= t1; t += 8) {
         const KV* k[8];
         for (int u = 0; u < 8; ++u) k[u] = kc + vis[t + u] * D;
         __m512 acc[8];
@@ -180,7 +184,7 @@ void scores16(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t D, const 
         _mm256_storeu_ps(s0 + t, _mm256_mul_ps(hsum8x8(lo), sc));
         _mm256_storeu_ps(s1 + t, _mm256_mul_ps(hsum8x8(hi), sc));
     }
-    for (; t < nv; ++t) {
+    for (; t < t1; ++t) {
         const KV* k = kc + vis[t] * D;
         __m512 acc = _mm512_setzero_ps();
         for (int64_t d = 0; d < D; d += 8) acc = _mm512_fmadd_ps(qq[d / 8], load8x2(k + d), acc);
@@ -192,19 +196,20 @@ void scores16(const float (&qf)[MAX_GROUP][MAX_D], int64_t g0, int64_t D, const 
 // values8 for NH heads at once, 16 outputs a register (each output's chain as before); with D = 64 two heads
 // give 8 chains, as values8 keeps
 template <int NH, typename KV>
-void values16(const float* p, int64_t nv8, const KV* vc, const std::vector<int64_t>& vis, int64_t D, float* o) {
-    const int64_t nv = static_cast<int64_t>(vis.size());
+void values16(const float* p, int64_t nv8, const KV* vc, const std::vector<int64_t>& vis, int64_t t0, int64_t t1,
+              int64_t D, float* o) {
     constexpr int64_t CH = 8 / NH;  // registers per head per sweep over the keys
     for (int64_t d0 = 0; d0 < D; d0 += 16 * CH) {
         const int64_t c = std::min<int64_t>(CH, (D - d0) / 16);  // whole registers; a last 8 dims below
         const bool half = c < CH && d0 + 16 * c < D;
         __m512 a[NH][CH];
         __m256 b[NH];
-        for (int h = 0; h < NH; ++h) {
-            for (auto& r : a[h]) r = _mm512_setzero_ps();
-            b[h] = _mm256_setzero_ps();
+        for (int h = 0; h < NH; ++h) {  // the sums over the keys before t0 (kept in o), or none
+            for (int64_t u = 0; u < c; ++u)
+                a[h][u] = t0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(o + h * MAX_D + d0 + 16 * u);
+            b[h] = t0 == 0 || !half ? _mm256_setzero_ps() : _mm256_load_ps(o + h * MAX_D + d0 + 16 * c);
         }
-        for (int64_t t = 0; t < nv; ++t) {
+        for (int64_t t = t0; t < t1; ++t) {
             const KV* v = vc + vis[t] * D + d0;
             for (int h = 0; h < NH; ++h) {
                 const __m512 ph = _mm512_set1_ps(p[h * nv8 + t]);
@@ -221,69 +226,150 @@ void values16(const float* p, int64_t nv8, const KV* vc, const std::vector<int64
 
 #pragma GCC pop_options
 
-template <typename Q, typename KV>
-void attend_one(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i, int64_t G, int64_t D,
-                const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale, bool wide,
-                std::vector<int64_t>& vis, std::vector<float>& s) {  // vis, s: a thread's buffers
-    visible(i, nkeys, first, mask, W, vis);
-    const int64_t nv = static_cast<int64_t>(vis.size()), nv8 = (nv + 7) / 8 * 8;  // padded with -inf scores
-    s.assign(G * nv8, -INFINITY);
-    alignas(64) float qf[MAX_GROUP][MAX_D];
-    for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(qf[g] + d, load8(q + g * D + d));
-    const int64_t pairs = wide ? G / 2 * 2 : 0;  // heads taken two at a time by the AVX-512 code
-    for (int64_t g = 0; g < pairs; g += 2) scores16(qf, g, D, kc, vis, nv8, scale, s.data());
-    scores8(qf, pairs, G, D, kc, vis, nv8, scale, s.data());
-    // softmax weights, 8 keys at a time: max, exp, sum (8 lanes, then hsum8)
-    alignas(64) float o[MAX_GROUP][MAX_D];
-    float l[MAX_GROUP];
-    for (int64_t g = 0; g < G; ++g) {
-        float* sg = s.data() + g * nv8;
-        __m256 mv = _mm256_set1_ps(-INFINITY);
-        for (int64_t t = 0; t < nv8; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sg + t));
-        alignas(32) float mx[8];
-        _mm256_store_ps(mx, mv);
-        float m = mx[0];
-        for (int u = 1; u < 8; ++u) m = std::max(m, mx[u]);
-        const __m256 mb = _mm256_set1_ps(m);
-        __m256 sum = _mm256_setzero_ps();
-        for (int64_t t = 0; t < nv8; t += 8) {
-            const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), mb));
-            _mm256_storeu_ps(sg + t, p);
-            sum = _mm256_add_ps(sum, p);
-        }
-        l[g] = hsum8(sum);
+// A thread's buffers, kept across its work items: per query row its visible keys, scores, fp32 query and outputs
+struct Scratch {
+    std::vector<std::vector<int64_t>> vis;
+    std::vector<std::vector<float>> s;
+    std::vector<float> qf, o;  // [rows][MAX_GROUP][MAX_D], 64-byte aligned through at()
+    std::vector<int64_t> nv8, cur;  // per row: its padded key count, its position in its visible keys
+    std::vector<float> l;  // [rows][G] softmax denominators
+
+    static float* at(std::vector<float>& buf, size_t n) {  // n floats, 64-byte aligned
+        buf.resize(n + 16);
+        const auto p = reinterpret_cast<uintptr_t>(buf.data());
+        return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
     }
-    int64_t g = 0;
-    if (wide && D <= 64)
-        for (; g + 2 <= G; g += 2) values16<2>(s.data() + g * nv8, nv8, vc, vis, D, o[g]);
-    for (; g < G; ++g)
-        if (wide)
-            values16<1>(s.data() + g * nv8, nv8, vc, vis, D, o[g]);
-        else
-            values8(s.data() + g * nv8, vc, vis, D, o[g]);
-    for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d) store(out + g * D + d, nv ? o[g][d] / l[g] : 0.f);
+};
+
+// The query rows i0..i1 (one sequence's: the same cache row) and the G query heads of one kv head. Keys are taken
+// a block at a time (~block_bytes of them, in L2), every row and head over a block before the next, so that each
+// key and value is read from memory or L3 once for all of them; sweeping all keys per row and head (pair) had
+// read them again for each, from L3 at best (docs/results/attend-blocks/). No sum changes order: a score is one
+// key's, the softmax runs over all of a row's scores, and each output's chain over the keys is carried from block
+// to block in o: the bits of each row alone.
+template <typename Q, typename KV>
+void attend_rows(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i0, int64_t i1, int64_t H, int64_t G,
+                 int64_t D, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale,
+                 bool wide, int64_t block_bytes, Scratch& sc) {
+    const int64_t T = i1 - i0;
+    if (static_cast<int64_t>(sc.vis.size()) < T) {
+        sc.vis.resize(T);
+        sc.s.resize(T);
+    }
+    float* qf = Scratch::at(sc.qf, T * MAX_GROUP * MAX_D);
+    float* of = Scratch::at(sc.o, T * MAX_GROUP * MAX_D);
+    int64_t keys = 0;
+    auto& nv8 = sc.nv8;
+    auto& cur = sc.cur;
+    nv8.assign(T, 0);
+    cur.assign(T, 0);
+    for (int64_t r = 0; r < T; ++r) {
+        visible(i0 + r, nkeys, first, mask, W, sc.vis[r]);
+        const int64_t nv = static_cast<int64_t>(sc.vis[r].size());
+        nv8[r] = (nv + 7) / 8 * 8;  // padded with -inf scores
+        sc.s[r].assign(G * nv8[r], -INFINITY);
+        keys = std::max(keys, nkeys[i0 + r]);
+        for (int64_t g = 0; g < G; ++g)
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_store_ps(qf + (r * MAX_GROUP + g) * MAX_D + d, load8(q + ((i0 + r) * H + g) * D + d));
+    }
+    const int64_t pairs = wide ? G / 2 * 2 : 0;  // heads taken two at a time by the AVX-512 code
+    const int64_t kb = std::max<int64_t>(8, block_bytes / (D * static_cast<int64_t>(sizeof(KV))) / 8 * 8);
+    // each row's visible keys in [j0, j1): its positions cur[r] .. end of vis below j1
+    auto span = [&](int64_t r, int64_t j1) {
+        const auto& vis = sc.vis[r];
+        return static_cast<int64_t>(std::lower_bound(vis.begin() + cur[r], vis.end(), j1) - vis.begin());
+    };
+    for (int64_t j0 = 0; j0 < keys; j0 += kb) {
+        for (int64_t r = 0; r < T; ++r) {
+            const int64_t t0 = cur[r], t1 = span(r, j0 + kb);
+            if (t0 == t1) continue;
+            const auto& qr = *reinterpret_cast<const float(*)[MAX_GROUP][MAX_D]>(qf + r * MAX_GROUP * MAX_D);
+            for (int64_t g = 0; g < pairs; g += 2) scores16(qr, g, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
+            scores8(qr, pairs, G, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
+            cur[r] = t1;
+        }
+    }
+    // softmax weights, 8 keys at a time: max, exp, sum (8 lanes, then hsum8)
+    auto& l = sc.l;
+    l.assign(T * G, 0.f);
+    for (int64_t r = 0; r < T; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+            float* sg = sc.s[r].data() + g * nv8[r];
+            __m256 mv = _mm256_set1_ps(-INFINITY);
+            for (int64_t t = 0; t < nv8[r]; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sg + t));
+            alignas(32) float mx[8];
+            _mm256_store_ps(mx, mv);
+            float m = mx[0];
+            for (int u = 1; u < 8; ++u) m = std::max(m, mx[u]);
+            const __m256 mb = _mm256_set1_ps(m);
+            __m256 sum = _mm256_setzero_ps();
+            for (int64_t t = 0; t < nv8[r]; t += 8) {
+                const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), mb));
+                _mm256_storeu_ps(sg + t, p);
+                sum = _mm256_add_ps(sum, p);
+            }
+            l[r * G + g] = hsum8(sum);
+        }
+    std::fill(cur.begin(), cur.end(), 0);
+    for (int64_t j0 = 0; j0 < keys; j0 += kb) {  // each output's chain over the keys in order, kept in o between blocks
+        for (int64_t r = 0; r < T; ++r) {
+            const int64_t t0 = cur[r], t1 = span(r, j0 + kb);
+            if (t0 == t1) continue;
+            const float* p = sc.s[r].data();
+            float* o = of + r * MAX_GROUP * MAX_D;
+            int64_t g = 0;
+            if (wide && D <= 64)
+                for (; g + 2 <= G; g += 2) values16<2>(p + g * nv8[r], nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
+            for (; g < G; ++g)
+                if (wide)
+                    values16<1>(p + g * nv8[r], nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
+                else
+                    values8(p + g * nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
+            cur[r] = t1;
+        }
+    }
+    for (int64_t r = 0; r < T; ++r) {
+        const bool any = !sc.vis[r].empty();
+        for (int64_t g = 0; g < G; ++g)
+            for (int64_t d = 0; d < D; ++d)
+                store(out + ((i0 + r) * H + g) * D + d, any ? of[(r * MAX_GROUP + g) * MAX_D + d] / l[r * G + g] : 0.f);
+    }
 }
 
 template <typename Q, typename KV>
 void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc, torch::Tensor& out,
          const int64_t* rows, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale,
-         bool wide) {
+         bool wide, int64_t block_bytes) {
     const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = kc.size(1), G = H / Hkv;
     const int64_t Lmax = kc.size(2);
+    // work items: runs of consecutive query rows over one cache row (a sequence's), cut so that there are at least
+    // as many items as threads where rows allow, times the kv heads
+    std::vector<int64_t> cuts{0};
+    for (int64_t i = 1; i < T; ++i)
+        if (rows[i] != rows[i - 1]) cuts.push_back(i);
+    cuts.push_back(T);
+    const int64_t runs = static_cast<int64_t>(cuts.size()) - 1, threads = at::get_num_threads();
+    const int64_t per = runs * Hkv >= threads ? T : std::max<int64_t>(1, (T * Hkv + threads - 1) / threads / Hkv);
+    std::vector<int64_t> starts;
+    for (int64_t n = 0; n < runs; ++n)
+        for (int64_t i = cuts[n]; i < cuts[n + 1]; i += per) starts.push_back(i);
+    std::vector<int64_t> ends(starts.size());
+    for (size_t n = 0; n < starts.size(); ++n)
+        ends[n] = std::min(n + 1 < starts.size() ? starts[n + 1] : T,
+                           *std::upper_bound(cuts.begin(), cuts.end(), starts[n]));
     const Q* qp = q.data_ptr<Q>();
     Q* op = out.data_ptr<Q>();
     const KV* kp = kc.data_ptr<KV>();
     const KV* vp = vc.data_ptr<KV>();
-    at::parallel_for(0, T * Hkv, 1, [&](int64_t w0, int64_t w1) {
-        std::vector<int64_t> vis;
-        std::vector<float> s;
+    const int64_t items = static_cast<int64_t>(starts.size()) * Hkv;
+    at::parallel_for(0, items, 1, [&](int64_t w0, int64_t w1) {
+        static thread_local Scratch sc;  // kept from call to call: no allocations once grown
         for (int64_t w = w0; w < w1; ++w) {
-            const int64_t i = w / Hkv, kvh = w % Hkv;
-            const int64_t base = (rows[i] * Hkv + kvh) * Lmax * D;
-            attend_one<Q, KV>(qp + (i * H + kvh * G) * D, kp + base, vp + base, op + (i * H + kvh * G) * D, i, G, D,
-                              nkeys, first, mask, W, scale, wide, vis, s);
+            const int64_t n = w / Hkv, kvh = w % Hkv, i0 = starts[n];
+            const int64_t base = (rows[i0] * Hkv + kvh) * Lmax * D;
+            attend_rows<Q, KV>(qp + kvh * G * D, kp + base, vp + base, op + kvh * G * D, i0, ends[n], H, G, D, nkeys,
+                               first, mask, W, scale, wide, block_bytes, sc);
         }
     });
 }
@@ -293,7 +379,7 @@ void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& v
 // out [T, H, D] (q's dtype) = attention of q [T, H, D] over k_cache / v_cache [R, Hkv, Lmax, D] (see the top).
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                      const torch::Tensor& rows, const torch::Tensor& nkeys, const torch::Tensor& first,
-                     const torch::Tensor& mask, double scale, int64_t isa) {
+                     const torch::Tensor& mask, double scale, int64_t isa, int64_t block_bytes) {
     TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.device().is_cpu() &&
                     (q.scalar_type() == torch::kFloat32 || q.scalar_type() == torch::kBFloat16),
                 "attend_cpu.attend: q must be a contiguous fp32 or bf16 CPU tensor [T, H, D], got ", q.sizes(), " ",
@@ -324,20 +410,22 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k_cache, const
     TORCH_CHECK(isa >= 0 && isa <= 2 && (isa != 2 || has512),
                 "attend_cpu.attend: isa=", isa, " must be 0 (auto), 1 (AVX2) or 2 (AVX-512, on a CPU that has it)");
     const bool wide = isa == 2 || (isa == 0 && has512);
+    TORCH_CHECK(block_bytes >= 0, "attend_cpu.attend: block_bytes=", block_bytes, " must be >= 0 (0: the default)");
+    const int64_t bb = block_bytes ? block_bytes : BLOCK_BYTES;
     auto out = torch::empty_like(q);
     const bool* mp = mask.data_ptr<bool>();
     const float sc = static_cast<float>(scale);
     const bool qb = q.scalar_type() == torch::kBFloat16, kb = k_cache.scalar_type() == torch::kBFloat16;
-    if (!qb && !kb) run<float, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
-    if (!qb && kb) run<float, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
-    if (qb && !kb) run<at::BFloat16, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
-    if (qb && kb) run<at::BFloat16, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide);
+    if (!qb && !kb) run<float, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide, bb);
+    if (!qb && kb) run<float, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide, bb);
+    if (qb && !kb) run<at::BFloat16, float>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide, bb);
+    if (qb && kb) run<at::BFloat16, at::BFloat16>(q, k_cache, v_cache, out, rp, np, fp, mp, W, sc, wide, bb);
     return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attend", &attend, "packed attention over the KV cache, every query row computed alone (see the top)",
           py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("rows"), py::arg("nkeys"), py::arg("first"),
-          py::arg("mask"), py::arg("scale"), py::arg("isa") = 0);
+          py::arg("mask"), py::arg("scale"), py::arg("isa") = 0, py::arg("block_bytes") = 0);
     m.def("address", [] { return reinterpret_cast<int64_t>(&attend); }, "attend's address (layers_cpu.cpp calls it)");
 }

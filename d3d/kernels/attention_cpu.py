@@ -99,16 +99,17 @@ ISAS = {"auto": 0, "avx2": 1, "avx512": 2}  # the kernel's code paths; all give 
 
 
 def attend_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: CpuPlan,
-               scale: float, isa: str = "auto") -> torch.Tensor:
+               scale: float, isa: str = "auto", block_bytes: int = 0) -> torch.Tensor:
     """out [T, H, D] in q's dtype: q [T, H, D] over the cache rows [R, Hkv, Lmax, D] as ``plan`` says.
-    ``isa``: ``auto`` (AVX-512 where the CPU has it), ``avx2`` or ``avx512``; the same bits."""
+    ``isa``: ``auto`` (AVX-512 where the CPU has it), ``avx2`` or ``avx512``; ``block_bytes``: the keys taken at
+    a time, in bytes of K (0: the kernel's 64 KB); the same bits for every choice."""
     module, why = _load()
     if module is None:
         raise RuntimeError(f"d3d.kernels.attention_cpu: unavailable: {why}")
     if isa not in ISAS:
         raise ValueError(f"attend_cpu: isa={isa!r}: expected one of {', '.join(ISAS)}")
     return module.attend(q.contiguous(), k_cache, v_cache, plan.rows, plan.nkeys, plan.first, plan.mask, scale,
-                         ISAS[isa])
+                         ISAS[isa], block_bytes)
 
 
 __all__ = ["available", "why_unavailable", "row_invariant", "fits", "CpuPlan", "cpu_plan", "attend_cpu", "MAX_QUERIES",

@@ -28,7 +28,7 @@ using RmsNorm = Tensor (*)(const Tensor&, const Tensor&, double);
 using RopeWrite = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, const Tensor&,
                              const Tensor&, int64_t, int64_t);
 using Attend = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, double, int64_t);
+                          const Tensor&, double, int64_t, int64_t);
 using Panels = Tensor (*)(const Tensor&, const Tensor&, int64_t);
 
 enum Kind : int64_t { INT8 = 0, PANELS = 1, ONEDNN = 2 };
@@ -144,7 +144,7 @@ class Layers {
                 qkv = torch::cat({qk.view({T, QK}), qkv.narrow(1, QK, Hkv_ * D_)}, 1);
             }
             Tensor q = rope_(qkv, cos, sin, k[i], v[i], write_rows, slots, H_, Hkv_);
-            Tensor a = attend_(q, k[i], v[i], rows, nkeys, first, mask, scale, 0);
+            Tensor a = attend_(q, k[i], v[i], rows, nkeys, first, mask, scale, 0, 0);
             x = x + l.proj[1].apply(k_, a.reshape({T, H_ * D_}).to(x.scalar_type()));
             auto gate_up = l.proj[2].apply(k_, rms_(x, l.post_norm, eps_)).chunk(2, -1);
             x = x + l.proj[3].apply(k_, torch::silu(gate_up[0]) * gate_up[1]);
