@@ -87,7 +87,8 @@ inline void store(at::BFloat16* p, float v) { *p = at::BFloat16(v); }  // round 
 
 constexpr int MAX_GROUP = 16;  // query heads per kv head
 constexpr int MAX_D = 256;
-constexpr int64_t BLOCK_BYTES = 65536;  // keys a block (attend_rows): ~64 KB of K, then as much V
+constexpr int64_t BLOCK_BYTES = 65536;
+constexpr int64_t LANES_FROM = 12;  // (row, head) pairs of a work item from which its shared keys go through scores_lanes  // keys a block (attend_rows): ~64 KB of K, then as much V
 
 // The visible keys of query i: j < first[i], or mask[i, j - first[i]]
 inline void visible(int64_t i, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W,
@@ -224,6 +225,92 @@ void values16(const float* p, int64_t nv8, const KV* vc, const std::vector<int64
     }
 }
 
+inline float as_float(float x) { return x; }
+inline float as_float(at::BFloat16 x) { return static_cast<float>(x); }  // exact
+
+// Scores of up to 16 (query row, head) pairs at once, one pair a lane, for keys j0..j1 that all of them see: lane c
+// runs the 8-lane code's sums for its pair (chain l over d = l, l + 8, ..., then hsum8's tree, then the scale), each
+// key element broadcast to all lanes. So where several rows share a kv head, a key is read once for all 16 and no
+// horizontal sum or 256-bit broadcast is needed (scores16 ran at a third of the fma rate, bound by them:
+// docs/results/attend-blocks/). qT: [D][16] the pairs' queries; dst[c]: pair c's scores, indexed by key.
+// res[u][c] -> dst[c][c0 + u]: plain stores (vectorized, GCC made them scatters, slower here than the whole
+// chunk's arithmetic: docs/results/attend-blocks/)
+__attribute__((optimize("no-tree-vectorize"))) inline void scatter_scores(const float (*res)[16], int64_t n, int64_t nc,
+                                                                         int64_t c0, float* const* dst) {
+    for (int64_t c = 0; c < nc; ++c)
+        for (int64_t u = 0; u < n; ++u) dst[c][c0 + u] = res[u][c];
+}
+
+template <typename KV>
+void scores_lanes(const float* qT, int64_t nc, int64_t D, const KV* kc, int64_t j0, int64_t j1, float scale,
+                  float* const* dst) {
+    constexpr int64_t CHUNK = 32;  // keys whose 8 partial sums a lane keeps in L1 (part: [key][l][16])
+    alignas(64) float part[CHUNK][8][16];
+    alignas(64) float res[CHUNK][16];
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t c0 = j0; c0 < j1; c0 += CHUNK) {
+        const int64_t n = std::min(CHUNK, j1 - c0);
+        for (int l = 0; l < 8; ++l) {  // chain l of every key: d = l, l + 8, ..., its queries held in registers
+            __m512 qr[MAX_D / 8];
+            for (int64_t i = 0; i < D / 8; ++i) qr[i] = _mm512_load_ps(qT + (l + 8 * i) * 16);
+            int64_t u0 = 0;
+            for (; u0 + 8 <= n; u0 += 8) {  // 8 keys: 8 chains side by side
+                const KV* k = kc + (c0 + u0) * D + l;
+                __m512 a[8];
+                for (auto& r : a) r = _mm512_setzero_ps();
+                for (int64_t i = 0; i < D / 8; ++i)
+                    for (int u = 0; u < 8; ++u) a[u] = _mm512_fmadd_ps(qr[i], _mm512_set1_ps(as_float(k[u * D + 8 * i])), a[u]);
+                for (int u = 0; u < 8; ++u) _mm512_store_ps(part[u0 + u][l], a[u]);
+            }
+            for (; u0 < n; ++u0) {
+                const KV* k = kc + (c0 + u0) * D + l;
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t i = 0; i < D / 8; ++i) a = _mm512_fmadd_ps(qr[i], _mm512_set1_ps(as_float(k[8 * i])), a);
+                _mm512_store_ps(part[u0][l], a);
+            }
+        }
+        for (int64_t u = 0; u < n; ++u) {  // ((0+4) + (2+6)) + ((1+5) + (3+7)), as hsum8, then the scale
+            const float(&p)[8][16] = part[u];
+            const __m512 t = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(p[0]), _mm512_load_ps(p[4])),
+                              _mm512_add_ps(_mm512_load_ps(p[2]), _mm512_load_ps(p[6]))),
+                _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(p[1]), _mm512_load_ps(p[5])),
+                              _mm512_add_ps(_mm512_load_ps(p[3]), _mm512_load_ps(p[7]))));
+            _mm512_store_ps(res[u], _mm512_mul_ps(t, sc));
+        }
+        scatter_scores(res, n, nc, c0, dst);
+    }
+}
+
+// values16 for NC (query row, head) pairs at once over keys j0..j1 that all of them see, CH registers of 16 output
+// dims each (D = 16 CH): each key's values loaded once for the NC pairs. Each output's chain over the keys in order
+// as values16's, carried in o[c] from block to block (none before key 0): the same bits.
+template <int NC, int CH, typename KV>
+void values_lanes(const float* const* p, const KV* vc, int64_t j0, int64_t j1, int64_t D, float* const* o) {
+    __m512 a[NC][CH];
+    for (int c = 0; c < NC; ++c)
+        for (int u = 0; u < CH; ++u) a[c][u] = j0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(o[c] + 16 * u);
+    for (int64_t j = j0; j < j1; ++j) {
+        const KV* v = vc + j * D;
+        __m512 vv[CH];
+        for (int u = 0; u < CH; ++u) vv[u] = load16(v + 16 * u);
+        for (int c = 0; c < NC; ++c) {
+            const __m512 pc = _mm512_set1_ps(p[c][j]);
+            for (int u = 0; u < CH; ++u) a[c][u] = _mm512_fmadd_ps(pc, vv[u], a[c][u]);
+        }
+    }
+    for (int c = 0; c < NC; ++c)
+        for (int u = 0; u < CH; ++u) _mm512_store_ps(o[c] + 16 * u, a[c][u]);
+}
+
+// values_lanes over pairs c0..c1 (pointers pp, oo), NC at a time where as many are left, then one at a time
+template <int NC, int CH, typename KV>
+void values_pairs(const float* const* pp, float* const* oo, int64_t n, const KV* vc, int64_t j0, int64_t j1, int64_t D) {
+    int64_t c = 0;
+    for (; c + NC <= n; c += NC) values_lanes<NC, CH>(pp + c, vc, j0, j1, D, oo + c);
+    for (; c < n; ++c) values_lanes<1, CH>(pp + c, vc, j0, j1, D, oo + c);
+}
+
 #pragma GCC pop_options
 
 // A thread's buffers, kept across its work items: per query row its visible keys, scores, fp32 query and outputs
@@ -233,6 +320,9 @@ struct Scratch {
     std::vector<float> qf, o;  // [rows][MAX_GROUP][MAX_D], 64-byte aligned through at()
     std::vector<int64_t> nv8, cur;  // per row: its padded key count, its position in its visible keys
     std::vector<float> l;  // [rows][G] softmax denominators
+    std::vector<float> qT;  // scores_lanes' queries: [groups of 16 pairs][MAX_D][16]
+    std::vector<float*> dst;  // ... and where each pair's scores go
+    std::vector<float*> pv, ov;  // values_lanes: each pair's softmax weights and outputs
 
     static float* at(std::vector<float>& buf, size_t n) {  // n floats, 64-byte aligned
         buf.resize(n + 16);
@@ -280,7 +370,26 @@ void attend_rows(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i0, int
         const auto& vis = sc.vis[r];
         return static_cast<int64_t>(std::lower_bound(vis.begin() + cur[r], vis.end(), j1) - vis.begin());
     };
+    // Keys every row sees (below each row's first masked position: there a row's t is the key's index) go through
+    // scores_lanes where the pairs fill most of a register (several rows); the rest row by row
+    int64_t shared = T > 1 ? keys : 0;
+    for (int64_t r = 0; r < T; ++r) shared = std::min(shared, first[i0 + r]);
+    const int64_t pairs_all = T * G, lane_groups = wide && pairs_all >= LANES_FROM ? (pairs_all + 15) / 16 : 0;
+    float* qT = lane_groups ? Scratch::at(sc.qT, lane_groups * MAX_D * 16) : nullptr;
+    sc.dst.resize(lane_groups * 16);
+    for (int64_t c = 0; c < lane_groups * 16; ++c) {
+        const int64_t r = c / G, g = c % G;
+        for (int64_t d = 0; d < D; ++d) qT[((c / 16) * MAX_D + d) * 16 + c % 16] = c < pairs_all ? qf[(r * MAX_GROUP + g) * MAX_D + d] : 0.f;
+        sc.dst[c] = c < pairs_all ? sc.s[r].data() + g * nv8[r] : nullptr;
+    }
     for (int64_t j0 = 0; j0 < keys; j0 += kb) {
+        const int64_t j1 = std::min(j0 + kb, shared);
+        if (lane_groups && j0 < j1) {
+            for (int64_t b = 0; b < lane_groups; ++b)
+                scores_lanes(qT + b * MAX_D * 16, std::min<int64_t>(16, pairs_all - 16 * b), D, kc, j0, j1, scale,
+                             sc.dst.data() + 16 * b);
+            for (int64_t r = 0; r < T; ++r) cur[r] = j1;
+        }
         for (int64_t r = 0; r < T; ++r) {
             const int64_t t0 = cur[r], t1 = span(r, j0 + kb);
             if (t0 == t1) continue;
@@ -312,7 +421,22 @@ void attend_rows(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i0, int
             l[r * G + g] = hsum8(sum);
         }
     std::fill(cur.begin(), cur.end(), 0);
+    const bool value_lanes = lane_groups && (D == 64 || D == 128);  // the shared keys' values, pairs at a time
+    sc.pv.resize(pairs_all);
+    sc.ov.resize(pairs_all);
+    for (int64_t c = 0; c < pairs_all; ++c) {
+        sc.pv[c] = sc.s[c / G].data() + (c % G) * nv8[c / G];
+        sc.ov[c] = of + ((c / G) * MAX_GROUP + c % G) * MAX_D;
+    }
     for (int64_t j0 = 0; j0 < keys; j0 += kb) {  // each output's chain over the keys in order, kept in o between blocks
+        const int64_t j1 = std::min(j0 + kb, shared);
+        if (value_lanes && j0 < j1) {
+            if (D == 64)  // 6 pairs x 4 registers + 4 of values
+                values_pairs<6, 4>(sc.pv.data(), sc.ov.data(), pairs_all, vc, j0, j1, D);
+            else  // 128: 2 pairs x 8 + 8
+                values_pairs<2, 8>(sc.pv.data(), sc.ov.data(), pairs_all, vc, j0, j1, D);
+            for (int64_t r = 0; r < T; ++r) cur[r] = j1;
+        }
         for (int64_t r = 0; r < T; ++r) {
             const int64_t t0 = cur[r], t1 = span(r, j0 + kb);
             if (t0 == t1) continue;
