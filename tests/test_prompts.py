@@ -73,3 +73,17 @@ def test_code_prompts_come_from_the_targets_own_corpus(tmp_path):
     (target / "train_summary.json").write_text("{not json")
     with pytest.raises(ValueError, match="train_summary.json"):
         training_corpus(target)
+
+
+def test_a_summary_request_shows_the_modules_first_tokens():
+    """``summary_request``: the module's source cut at ``tokens`` tokens, in one chat turn asking for a summary."""
+    import textwrap
+
+    from d3d.data.prompts import summary_request
+
+    tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)
+    short, long = summary_request(tok, "textwrap", 100), summary_request(tok, "textwrap", 400)
+    assert len(short) < len(long) <= len(short) + 320
+    text = tok.decode(long)
+    source = open(textwrap.__file__).read()
+    assert source[:200] in text and "Summarize what this code does." in text and source[-200:] not in text

@@ -147,6 +147,15 @@ def explain_request(code: str) -> list[dict]:
     return _about(EXPLAIN_TEMPLATE, code)
 
 
+def summary_request(tok: Tokenizer, module: str, tokens: int = 2000) -> list[int]:
+    """A long-prompt request: the first ``tokens`` tokens of a standard-library module's source, a summary
+    asked (the long-prompt sets of docs/results/draft-window/, lookup-index/ and gate-drift/)."""
+    import importlib
+
+    code = tok.decode(tok.encode(Path(importlib.import_module(module).__file__).read_text())[:tokens])
+    return tok.encode_chat([{"role": "user", "content": f"```python\n{code}\n```\nSummarize what this code does."}])
+
+
 # More requests about the same training functions, for when the answer store has asked every
 # function to be completed and explained (issue 16): tests are code in another style, a review
 # is prose that argues rather than describes.

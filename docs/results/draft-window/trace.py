@@ -5,9 +5,7 @@ repository root:
 
     python docs/results/draft-window/trace.py MODEL MODULE OUT.json [before]
 """
-import importlib
 import sys
-from pathlib import Path
 
 import torch
 
@@ -17,6 +15,7 @@ from before import row_price_before  # noqa: E402
 import d3d  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
 from d3d.decode import speculative  # noqa: E402
+from d3d.data.prompts import summary_request  # noqa: E402
 from d3d.draft.pick import pick_drafter  # noqa: E402
 from d3d.fetch import resolve_model  # noqa: E402
 
@@ -25,8 +24,7 @@ name, module, out_path, before = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv
 path = resolve_model(name)
 target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
-code = tok.decode(tok.encode(Path(importlib.import_module(module).__file__).read_text())[:2000])
-prompt = tok.encode_chat([{"role": "user", "content": f"```python\n{code}\n```\nSummarize what this code does."}])
+prompt = summary_request(tok, module)
 if before:
     speculative.DRAFT_WINDOW = 1 << 30
 Base, rounds = row_price_before("c809e9c").RowPrice if before else speculative.RowPrice, []

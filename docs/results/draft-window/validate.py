@@ -12,9 +12,7 @@ never chosen on), ``code``, ``explain`` (8 validation requests each, as cut-batc
 none); ``before`` (no window and the row price of commit c809e9c, whose R counted the catch-up round); ``r-before``
 (the window, with c809e9c's row price); ``price@REV`` (the defaults with the row price of git revision REV).
 """
-import importlib
 import sys
-from pathlib import Path
 
 import torch
 
@@ -24,7 +22,7 @@ from before import row_price_before  # noqa: E402
 import d3d  # noqa: E402
 from bench.common import machine, print_runs_over_ar, runs_over_ar, write_json  # noqa: E402
 from d3d.data.corpus import training_corpus  # noqa: E402
-from d3d.data.prompts import mtbench_prompts  # noqa: E402
+from d3d.data.prompts import mtbench_prompts, summary_request  # noqa: E402
 from d3d.decode import speculative  # noqa: E402
 from d3d.draft.pick import pick_drafter  # noqa: E402
 from d3d.fetch import resolve_model  # noqa: E402
@@ -44,15 +42,10 @@ target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
 
 
-def long_prompt(module: str) -> list[int]:
-    code = tok.decode(tok.encode(Path(importlib.import_module(module).__file__).read_text())[:2000])
-    return tok.encode_chat([{"role": "user", "content": f"```python\n{code}\n```\nSummarize what this code does."}])
-
-
 sets = {}
 for s in wanted:
     if s in LONG:
-        sets[s] = [long_prompt(m) for m in LONG[s]]
+        sets[s] = [summary_request(tok, m) for m in LONG[s]]
     elif s in ("code", "explain"):
         sets[s] = chat_prompts(tok, training_corpus(path), 0.05, 8, "validation", seed=1234, templates=1,
                                explain=s == "explain")

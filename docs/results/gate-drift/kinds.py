@@ -8,9 +8,7 @@ the repository root:
 SET: ``long`` (draft-window's validation long prompts: argparse, textwrap, difflib, shlex) or ``mtbench`` (its 8
 validation questions).
 """
-import importlib
 import sys
-from pathlib import Path
 
 import torch
 
@@ -19,7 +17,7 @@ from before import row_price_before  # noqa: E402
 
 import d3d  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
-from d3d.data.prompts import mtbench_prompts  # noqa: E402
+from d3d.data.prompts import mtbench_prompts, summary_request  # noqa: E402
 from d3d.decode import speculative  # noqa: E402
 from d3d.draft.pick import pick_drafter  # noqa: E402
 from d3d.fetch import resolve_model  # noqa: E402
@@ -32,13 +30,8 @@ target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
 
 
-def long_prompt(module: str) -> list[int]:
-    code = tok.decode(tok.encode(Path(importlib.import_module(module).__file__).read_text())[:2000])
-    return tok.encode_chat([{"role": "user", "content": f"```python\n{code}\n```\nSummarize what this code does."}])
-
-
 if which == "long":
-    prompts = [long_prompt(m) for m in ("argparse", "textwrap", "difflib", "shlex")]
+    prompts = [summary_request(tok, m) for m in ("argparse", "textwrap", "difflib", "shlex")]
 elif which == "mtbench":
     prompts = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}]) for i in (6, 7, 8, 9, 61, 65, 71, 75)]
 else:

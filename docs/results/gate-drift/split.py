@@ -8,15 +8,13 @@ the repository root:
 SET: ``mtbench`` (its 8 validation questions), ``code`` (8 validation code requests, as cut-batch1/validate.py) or
 ``long`` (draft-window's validation long prompts).
 """
-import importlib
 import sys
-from pathlib import Path
 
 import torch
 
 import d3d
 from d3d.data.corpus import training_corpus
-from d3d.data.prompts import mtbench_prompts
+from d3d.data.prompts import mtbench_prompts, summary_request
 from d3d.decode import speculative
 from d3d.draft.pick import pick_drafter
 from d3d.fetch import resolve_model
@@ -34,10 +32,7 @@ if which == "mtbench":
 elif which == "code":
     prompts = chat_prompts(tok, training_corpus(path), 0.05, 8, "validation", seed=1234, templates=1, explain=False)
 elif which == "long":
-    def long_prompt(module):
-        code = tok.decode(tok.encode(Path(importlib.import_module(module).__file__).read_text())[:2000])
-        return tok.encode_chat([{"role": "user", "content": f"```python\n{code}\n```\nSummarize what this code does."}])
-    prompts = [long_prompt(m) for m in ("argparse", "textwrap", "difflib", "shlex")]
+    prompts = [summary_request(tok, m) for m in ("argparse", "textwrap", "difflib", "shlex")]
 else:
     raise SystemExit(f"SET: {which!r} is not mtbench, code or long")
 rounds = []

@@ -5,10 +5,8 @@ standard-library module (~2,000 tokens) and asks for a summary of it.
 
     PYTHONPATH=. python docs/results/lookup-index/long_prompts.py MODEL REPS OUT.json
 """
-import importlib
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
@@ -16,6 +14,7 @@ import d3d
 from bench.common import machine, write_json
 from d3d.decode import sources
 from d3d.decode.lookup import lookup_copy
+from d3d.data.prompts import summary_request
 from d3d.draft.pick import pick_drafter
 from d3d.fetch import resolve_model
 
@@ -25,10 +24,7 @@ name, reps, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 path = resolve_model(name)
 target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
-prompts = []
-for module in ("argparse", "textwrap", "difflib", "shlex"):
-    code = tok.decode(tok.encode(Path(importlib.import_module(module).__file__).read_text())[:2000])
-    prompts.append(tok.encode_chat([{"role": "user", "content": f"```python\n{code}\n```\nSummarize what this code does."}]))
+prompts = [summary_request(tok, m) for m in ("argparse", "textwrap", "difflib", "shlex")]
 indexed = sources.ContextLookup.propose
 
 
