@@ -87,8 +87,8 @@ inline void store(at::BFloat16* p, float v) { *p = at::BFloat16(v); }  // round 
 
 constexpr int MAX_GROUP = 16;  // query heads per kv head
 constexpr int MAX_D = 256;
-constexpr int64_t BLOCK_BYTES = 65536;
-constexpr int64_t LANES_FROM = 12;  // (row, head) pairs of a work item from which its shared keys go through scores_lanes  // keys a block (attend_rows): ~64 KB of K, then as much V
+constexpr int64_t BLOCK_BYTES = 65536;  // keys a block (attend_rows): ~64 KB of K, then as much V
+constexpr int64_t LANES_FROM = 12;  // (row, head) pairs of a work item from which its shared keys run in lanes
 
 // The visible keys of query i: j < first[i], or mask[i, j - first[i]]
 inline void visible(int64_t i, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W,
@@ -259,7 +259,8 @@ void scores_lanes(const float* qT, int64_t nc, int64_t D, const KV* kc, int64_t 
                 __m512 a[8];
                 for (auto& r : a) r = _mm512_setzero_ps();
                 for (int64_t i = 0; i < D / 8; ++i)
-                    for (int u = 0; u < 8; ++u) a[u] = _mm512_fmadd_ps(qr[i], _mm512_set1_ps(as_float(k[u * D + 8 * i])), a[u]);
+                    for (int u = 0; u < 8; ++u)
+                        a[u] = _mm512_fmadd_ps(qr[i], _mm512_set1_ps(as_float(k[u * D + 8 * i])), a[u]);
                 for (int u = 0; u < 8; ++u) _mm512_store_ps(part[u0 + u][l], a[u]);
             }
             for (; u0 < n; ++u0) {
@@ -305,7 +306,8 @@ void values_lanes(const float* const* p, const KV* vc, int64_t j0, int64_t j1, i
 
 // values_lanes over pairs c0..c1 (pointers pp, oo), NC at a time where as many are left, then one at a time
 template <int NC, int CH, typename KV>
-void values_pairs(const float* const* pp, float* const* oo, int64_t n, const KV* vc, int64_t j0, int64_t j1, int64_t D) {
+void values_pairs(const float* const* pp, float* const* oo, int64_t n, const KV* vc, int64_t j0, int64_t j1,
+                  int64_t D) {
     int64_t c = 0;
     for (; c + NC <= n; c += NC) values_lanes<NC, CH>(pp + c, vc, j0, j1, D, oo + c);
     for (; c < n; ++c) values_lanes<1, CH>(pp + c, vc, j0, j1, D, oo + c);
@@ -379,7 +381,8 @@ void attend_rows(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i0, int
     sc.dst.resize(lane_groups * 16);
     for (int64_t c = 0; c < lane_groups * 16; ++c) {
         const int64_t r = c / G, g = c % G;
-        for (int64_t d = 0; d < D; ++d) qT[((c / 16) * MAX_D + d) * 16 + c % 16] = c < pairs_all ? qf[(r * MAX_GROUP + g) * MAX_D + d] : 0.f;
+        for (int64_t d = 0; d < D; ++d)
+            qT[((c / 16) * MAX_D + d) * 16 + c % 16] = c < pairs_all ? qf[(r * MAX_GROUP + g) * MAX_D + d] : 0.f;
         sc.dst[c] = c < pairs_all ? sc.s[r].data() + g * nv8[r] : nullptr;
     }
     for (int64_t j0 = 0; j0 < keys; j0 += kb) {
@@ -394,7 +397,8 @@ void attend_rows(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i0, int
             const int64_t t0 = cur[r], t1 = span(r, j0 + kb);
             if (t0 == t1) continue;
             const auto& qr = *reinterpret_cast<const float(*)[MAX_GROUP][MAX_D]>(qf + r * MAX_GROUP * MAX_D);
-            for (int64_t g = 0; g < pairs; g += 2) scores16(qr, g, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
+            for (int64_t g = 0; g < pairs; g += 2)
+                scores16(qr, g, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
             scores8(qr, pairs, G, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
             cur[r] = t1;
         }

@@ -26,8 +26,9 @@ HEADS = (("0.5B", 14, 2, 64, 24), ("1.5B", 12, 2, 128, 28))
 
 def build_at(rev: str):
     where = Path(tempfile.mkdtemp(prefix="attend-"))
-    (where / "attend_cpu.cpp").write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:d3d/kernels/attend_cpu.cpp"],
-                                                         check=True, capture_output=True).stdout)
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:d3d/kernels/attend_cpu.cpp"], check=True,
+                            capture_output=True).stdout
+    (where / "attend_cpu.cpp").write_bytes(source)
     from torch.utils.cpp_extension import load
     print(f"building attend_cpu.cpp at {rev} ...", flush=True)
     return load(name=f"attend_at_{rev}", sources=[str(where / "attend_cpu.cpp")], extra_cflags=AVX2_FLAGS,

@@ -33,7 +33,8 @@ _, drafter, _ = pick_drafter(target, "sync", None)
 if which == "long":
     prompts = [summary_request(tok, m) for m in ("argparse", "textwrap", "difflib", "shlex")]
 elif which == "mtbench":
-    prompts = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}]) for i in (6, 7, 8, 9, 61, 65, 71, 75)]
+    prompts = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}])
+               for i in (6, 7, 8, 9, 61, 65, 71, 75)]
 else:
     raise SystemExit(f"SET: {which!r} is not long or mtbench")
 
@@ -63,13 +64,16 @@ for rep in range(reps):
                 speculative.RowPrice = rules["now"].__mro__[1]
             outs[r] = out.tokens[0]
             seq = "".join(rules[r].kinds)
-            runs.append({"rep": rep, "request": i, "rule": r, "kinds": seq, "drafter_rounds": seq.count("K") + seq.count("D"),
-                         "rounds": len(seq), "tok_s": round(out.stats.total_generated / out.stats.decode_seconds, 2)})
-            print(f"rep {rep + 1} request {i + 1} {r:>8}: {runs[-1]['drafter_rounds']:3d} drafter rounds of {len(seq):3d}, "
+            runs.append({"rep": rep, "request": i, "rule": r, "kinds": seq,
+                         "drafter_rounds": seq.count("K") + seq.count("D"), "rounds": len(seq),
+                         "tok_s": round(out.stats.total_generated / out.stats.decode_seconds, 2)})
+            print(f"rep {rep + 1} request {i + 1} {r:>8}: {runs[-1]['drafter_rounds']:3d} drafter rounds "
+                  f"of {len(seq):3d}, "
                   f"{runs[-1]['tok_s']:6.1f} tok/s  {seq}", flush=True)
         if len({tuple(o) for o in outs.values()}) != 1:
             raise SystemExit(f"request {i}: the outputs differ")
 total = {r: sum(x["drafter_rounds"] for x in runs if x["rule"] == r) for r in rules}
 print("drafter rounds in all:", total)
 write_json(out_path, {"bench": "one sequence's round kinds under two row prices", "machine": machine(), "model": name,
-                      "set": which, "against": rev, "reps": reps, "new_tokens": 128, "drafter_rounds": total, "runs": runs})
+                      "set": which, "against": rev, "reps": reps, "new_tokens": 128, "drafter_rounds": total,
+                      "runs": runs})

@@ -28,7 +28,8 @@ path = resolve_model(name)
 target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
 if which == "mtbench":
-    prompts = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}]) for i in (6, 7, 8, 9, 61, 65, 71, 75)]
+    prompts = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}])
+               for i in (6, 7, 8, 9, 61, 65, 71, 75)]
 elif which == "code":
     prompts = chat_prompts(tok, training_corpus(path), 0.05, 8, "validation", seed=1234, templates=1, explain=False)
 elif which == "long":
@@ -40,7 +41,8 @@ rounds = []
 
 class Traced(speculative.RowPrice):
     def observe(self, rows, verify_seconds, tokens, round_seconds, drafted=True):
-        kind = "K" if drafted is True and self.stale and self.batch == 1 else {True: "D", False: ".", None: "c"}[drafted]
+        caught_up = drafted is True and self.stale and self.batch == 1
+        kind = "K" if caught_up else {True: "D", False: ".", None: "c"}[drafted]
         rounds.append((kind, rows, tokens, round_seconds))
         super().observe(rows, verify_seconds, tokens, round_seconds, drafted)
 
@@ -62,6 +64,7 @@ for i, p in enumerate(prompts):
         rs = [r for r in best if r[0] == kind]
         if rs:
             n, rows, toks, secs = len(rs), sum(r[1] for r in rs), sum(r[2] for r in rs), sum(r[3] for r in rs)
-            print(f"    {kind}: {n:3d} rounds, {toks:3d} tokens, {rows / n:5.2f} rows, {1e3 * secs / n:6.2f} ms a round, "
+            print(f"    {kind}: {n:3d} rounds, {toks:3d} tokens, {rows / n:5.2f} rows, "
+                  f"{1e3 * secs / n:6.2f} ms a round, "
                   f"{1e3 * secs / toks:6.2f} ms a token")
     sys.stdout.flush()
