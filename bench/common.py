@@ -109,7 +109,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 def runs_over_ar(tok_s: dict[str, list[float]], tau: dict[str, list[float]]) -> dict:
     """Per run of one request set (tok/s and τ per request, ``"ar"`` among the runs): the medians of tok/s and τ,
-    and the median and the worst of the per-request ratios over ar; printed one line a run as well."""
+    and the median and the worst of the per-request ratios over ar (``print_runs_over_ar`` prints them)."""
     out = {}
     for r, speeds in tok_s.items():
         ratios = [a / b for a, b in zip(speeds, tok_s["ar"])]
@@ -120,6 +120,7 @@ def runs_over_ar(tok_s: dict[str, list[float]], tau: dict[str, list[float]]) -> 
 
 
 def print_runs_over_ar(name: str, summary: dict) -> None:
+    """``runs_over_ar``'s summary of the set ``name``, one line a run."""
     for r, v in summary.items():
         print(f"{name:9} {r:28} {v['median_tok_s']:6.1f} tok/s  tau {v['median_tau']}  {v['median_vs_ar']:.3f}x ar "
               f"(worst {v['worst_vs_ar']:.3f}x)")

@@ -14,6 +14,7 @@ command that provides it, and callers report it.
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 from pathlib import Path
 
@@ -150,8 +151,6 @@ def explain_request(code: str) -> list[dict]:
 def summary_request(tok: Tokenizer, module: str, tokens: int = 2000) -> list[int]:
     """A long-prompt request: the first ``tokens`` tokens of a standard-library module's source, a summary
     asked (the long-prompt sets of docs/results/draft-window/, lookup-index/ and gate-drift/)."""
-    import importlib
-
     code = tok.decode(tok.encode(Path(importlib.import_module(module).__file__).read_text())[:tokens])
     return tok.encode_chat([{"role": "user", "content": f"```python\n{code}\n```\nSummarize what this code does."}])
 

@@ -228,11 +228,6 @@ void values16(const float* p, int64_t nv8, const KV* vc, const std::vector<int64
 inline float as_float(float x) { return x; }
 inline float as_float(at::BFloat16 x) { return static_cast<float>(x); }  // exact
 
-// Scores of up to 16 (query row, head) pairs at once, one pair a lane, for keys j0..j1 that all of them see: lane c
-// runs the 8-lane code's sums for its pair (chain l over d = l, l + 8, ..., then hsum8's tree, then the scale), each
-// key element broadcast to all lanes. So where several rows share a kv head, a key is read once for all 16 and no
-// horizontal sum or 256-bit broadcast is needed (scores16 ran at a third of the fma rate, bound by them:
-// docs/results/attend-blocks/). qT: [D][16] the pairs' queries; dst[c]: pair c's scores, indexed by key.
 // res[u][c] -> dst[c][c0 + u]: plain stores (vectorized, GCC made them scatters, slower here than the whole
 // chunk's arithmetic: docs/results/attend-blocks/)
 __attribute__((optimize("no-tree-vectorize"))) inline void scatter_scores(const float (*res)[16], int64_t n, int64_t nc,
@@ -241,6 +236,12 @@ __attribute__((optimize("no-tree-vectorize"))) inline void scatter_scores(const 
         for (int64_t u = 0; u < n; ++u) dst[c][c0 + u] = res[u][c];
 }
 
+
+// Scores of up to 16 (query row, head) pairs at once, one pair a lane, for keys j0..j1 that all of them see: lane c
+// runs the 8-lane code's sums for its pair (chain l over d = l, l + 8, ..., then hsum8's tree, then the scale), each
+// key element broadcast to all lanes. So where several rows share a kv head, a key is read once for all 16 and no
+// horizontal sum or 256-bit broadcast is needed (a 256-bit broadcast holds a Zen 4 core's fmas to 2.65 G/s, a scalar
+// one to 3.6: docs/results/attend-blocks/broadcast.txt). qT: [D][16] the pairs' queries; dst[c]: pair c's scores.
 template <typename KV>
 void scores_lanes(const float* qT, int64_t nc, int64_t D, const KV* kc, int64_t j0, int64_t j1, float scale,
                   float* const* dst) {
@@ -304,7 +305,7 @@ void values_lanes(const float* const* p, const KV* vc, int64_t j0, int64_t j1, i
         for (int u = 0; u < CH; ++u) _mm512_store_ps(o[c] + 16 * u, a[c][u]);
 }
 
-// values_lanes over pairs c0..c1 (pointers pp, oo), NC at a time where as many are left, then one at a time
+// values_lanes over n pairs (their weights pp, outputs oo), NC at a time where as many are left, then one at a time
 template <int NC, int CH, typename KV>
 void values_pairs(const float* const* pp, float* const* oo, int64_t n, const KV* vc, int64_t j0, int64_t j1,
                   int64_t D) {
@@ -323,8 +324,7 @@ struct Scratch {
     std::vector<int64_t> nv8, cur;  // per row: its padded key count, its position in its visible keys
     std::vector<float> l;  // [rows][G] softmax denominators
     std::vector<float> qT;  // scores_lanes' queries: [groups of 16 pairs][MAX_D][16]
-    std::vector<float*> dst;  // ... and where each pair's scores go
-    std::vector<float*> pv, ov;  // values_lanes: each pair's softmax weights and outputs
+    std::vector<float*> sp, ov;  // each pair's scores (softmax weights in place after), and its outputs
 
     static float* at(std::vector<float>& buf, size_t n) {  // n floats, 64-byte aligned
         buf.resize(n + 16);
@@ -333,136 +333,164 @@ struct Scratch {
     }
 };
 
-// The query rows i0..i1 (one sequence's: the same cache row) and the G query heads of one kv head. Keys are taken
-// a block at a time (~block_bytes of them, in L2), every row and head over a block before the next, so that each
-// key and value is read from memory or L3 once for all of them; sweeping all keys per row and head (pair) had
-// read them again for each, from L3 at best (docs/results/attend-blocks/). No sum changes order: a score is one
-// key's, the softmax runs over all of a row's scores, and each output's chain over the keys is carried from block
-// to block in o: the bits of each row alone.
-template <typename Q, typename KV>
-void attend_rows(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i0, int64_t i1, int64_t H, int64_t G,
-                 int64_t D, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale,
-                 bool wide, int64_t block_bytes, Scratch& sc) {
-    const int64_t T = i1 - i0;
+// Rows i0..i0 + T: their visible keys, scores (-inf, padded to 8) and fp32 queries (G heads from q, into qf);
+// returns the keys of the longest
+template <typename Q>
+int64_t prepare_rows(const Q* q, float* qf, int64_t i0, int64_t T, int64_t H, int64_t G, int64_t D,
+                     const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, Scratch& sc) {
     if (static_cast<int64_t>(sc.vis.size()) < T) {
         sc.vis.resize(T);
         sc.s.resize(T);
     }
-    float* qf = Scratch::at(sc.qf, T * MAX_GROUP * MAX_D);
-    float* of = Scratch::at(sc.o, T * MAX_GROUP * MAX_D);
+    sc.nv8.assign(T, 0);
     int64_t keys = 0;
-    auto& nv8 = sc.nv8;
-    auto& cur = sc.cur;
-    nv8.assign(T, 0);
-    cur.assign(T, 0);
     for (int64_t r = 0; r < T; ++r) {
         visible(i0 + r, nkeys, first, mask, W, sc.vis[r]);
-        const int64_t nv = static_cast<int64_t>(sc.vis[r].size());
-        nv8[r] = (nv + 7) / 8 * 8;  // padded with -inf scores
-        sc.s[r].assign(G * nv8[r], -INFINITY);
+        sc.nv8[r] = (static_cast<int64_t>(sc.vis[r].size()) + 7) / 8 * 8;
+        sc.s[r].assign(G * sc.nv8[r], -INFINITY);
         keys = std::max(keys, nkeys[i0 + r]);
         for (int64_t g = 0; g < G; ++g)
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_store_ps(qf + (r * MAX_GROUP + g) * MAX_D + d, load8(q + ((i0 + r) * H + g) * D + d));
     }
-    const int64_t pairs = wide ? G / 2 * 2 : 0;  // heads taken two at a time by the AVX-512 code
-    const int64_t kb = std::max<int64_t>(8, block_bytes / (D * static_cast<int64_t>(sizeof(KV))) / 8 * 8);
-    // each row's visible keys in [j0, j1): its positions cur[r] .. end of vis below j1
-    auto span = [&](int64_t r, int64_t j1) {
-        const auto& vis = sc.vis[r];
-        return static_cast<int64_t>(std::lower_bound(vis.begin() + cur[r], vis.end(), j1) - vis.begin());
-    };
-    // Keys every row sees (below each row's first masked position: there a row's t is the key's index) go through
-    // scores_lanes where the pairs fill most of a register (several rows); the rest row by row
-    int64_t shared = T > 1 ? keys : 0;
-    for (int64_t r = 0; r < T; ++r) shared = std::min(shared, first[i0 + r]);
-    const int64_t pairs_all = T * G, lane_groups = wide && pairs_all >= LANES_FROM ? (pairs_all + 15) / 16 : 0;
-    float* qT = lane_groups ? Scratch::at(sc.qT, lane_groups * MAX_D * 16) : nullptr;
-    sc.dst.resize(lane_groups * 16);
-    for (int64_t c = 0; c < lane_groups * 16; ++c) {
-        const int64_t r = c / G, g = c % G;
+    return keys;
+}
+
+// The lanes' inputs for P = T G (row, head) pairs, pair c = row c / G, head c % G: where each pair's scores go, its
+// softmax weights and its outputs; returns the queries by dim (groups of 16 pairs, zero past P)
+const float* lane_setup(int64_t P, int64_t G, int64_t D, const float* qf, float* of, Scratch& sc) {
+    const int64_t groups = (P + 15) / 16;
+    float* qT = Scratch::at(sc.qT, groups * MAX_D * 16);
+    sc.sp.assign(groups * 16, nullptr);
+    sc.ov.resize(P);
+    for (int64_t c = 0; c < groups * 16; ++c)
         for (int64_t d = 0; d < D; ++d)
-            qT[((c / 16) * MAX_D + d) * 16 + c % 16] = c < pairs_all ? qf[(r * MAX_GROUP + g) * MAX_D + d] : 0.f;
-        sc.dst[c] = c < pairs_all ? sc.s[r].data() + g * nv8[r] : nullptr;
+            qT[((c / 16) * MAX_D + d) * 16 + c % 16] = c < P ? qf[((c / G) * MAX_GROUP + c % G) * MAX_D + d] : 0.f;
+    for (int64_t c = 0; c < P; ++c) {
+        sc.sp[c] = sc.s[c / G].data() + (c % G) * sc.nv8[c / G];
+        sc.ov[c] = of + ((c / G) * MAX_GROUP + c % G) * MAX_D;
     }
+    return qT;
+}
+
+// The walk both phases take over the keys, kb at a time: in each block the keys below `shared` (every row sees them,
+// at its own position = the key's index) through lane_fn(j0, j1) where `lanes`, then each row's remaining visible
+// keys of the block through row_fn(r, t0, t1), in key order
+template <typename Lanes, typename Row>
+void walk_blocks(Scratch& sc, int64_t T, int64_t keys, int64_t kb, int64_t shared, bool lanes, Lanes&& lane_fn,
+                 Row&& row_fn) {
+    sc.cur.assign(T, 0);
     for (int64_t j0 = 0; j0 < keys; j0 += kb) {
         const int64_t j1 = std::min(j0 + kb, shared);
-        if (lane_groups && j0 < j1) {
-            for (int64_t b = 0; b < lane_groups; ++b)
-                scores_lanes(qT + b * MAX_D * 16, std::min<int64_t>(16, pairs_all - 16 * b), D, kc, j0, j1, scale,
-                             sc.dst.data() + 16 * b);
-            for (int64_t r = 0; r < T; ++r) cur[r] = j1;
+        if (lanes && j0 < j1) {
+            lane_fn(j0, j1);
+            std::fill(sc.cur.begin(), sc.cur.end(), j1);
         }
         for (int64_t r = 0; r < T; ++r) {
-            const int64_t t0 = cur[r], t1 = span(r, j0 + kb);
-            if (t0 == t1) continue;
-            const auto& qr = *reinterpret_cast<const float(*)[MAX_GROUP][MAX_D]>(qf + r * MAX_GROUP * MAX_D);
-            for (int64_t g = 0; g < pairs; g += 2)
-                scores16(qr, g, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
-            scores8(qr, pairs, G, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
-            cur[r] = t1;
+            const auto& vis = sc.vis[r];
+            const int64_t t0 = sc.cur[r];
+            const int64_t t1 = std::lower_bound(vis.begin() + t0, vis.end(), j0 + kb) - vis.begin();
+            if (t0 < t1) row_fn(r, t0, t1);
+            sc.cur[r] = t1;
         }
     }
-    // softmax weights, 8 keys at a time: max, exp, sum (8 lanes, then hsum8)
-    auto& l = sc.l;
-    l.assign(T * G, 0.f);
+}
+
+// Each row and head's scores become softmax weights, 8 keys at a time: max, exp, sum (8 lanes, then hsum8) into l
+void softmax_rows(int64_t T, int64_t G, Scratch& sc) {
+    sc.l.assign(T * G, 0.f);
     for (int64_t r = 0; r < T; ++r)
         for (int64_t g = 0; g < G; ++g) {
-            float* sg = sc.s[r].data() + g * nv8[r];
+            float* sg = sc.s[r].data() + g * sc.nv8[r];
             __m256 mv = _mm256_set1_ps(-INFINITY);
-            for (int64_t t = 0; t < nv8[r]; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sg + t));
+            for (int64_t t = 0; t < sc.nv8[r]; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sg + t));
             alignas(32) float mx[8];
             _mm256_store_ps(mx, mv);
             float m = mx[0];
             for (int u = 1; u < 8; ++u) m = std::max(m, mx[u]);
             const __m256 mb = _mm256_set1_ps(m);
             __m256 sum = _mm256_setzero_ps();
-            for (int64_t t = 0; t < nv8[r]; t += 8) {
+            for (int64_t t = 0; t < sc.nv8[r]; t += 8) {
                 const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), mb));
                 _mm256_storeu_ps(sg + t, p);
                 sum = _mm256_add_ps(sum, p);
             }
-            l[r * G + g] = hsum8(sum);
+            sc.l[r * G + g] = hsum8(sum);
         }
-    std::fill(cur.begin(), cur.end(), 0);
-    const bool value_lanes = lane_groups && (D == 64 || D == 128);  // the shared keys' values, pairs at a time
-    sc.pv.resize(pairs_all);
-    sc.ov.resize(pairs_all);
-    for (int64_t c = 0; c < pairs_all; ++c) {
-        sc.pv[c] = sc.s[c / G].data() + (c % G) * nv8[c / G];
-        sc.ov[c] = of + ((c / G) * MAX_GROUP + c % G) * MAX_D;
-    }
-    for (int64_t j0 = 0; j0 < keys; j0 += kb) {  // each output's chain over the keys in order, kept in o between blocks
-        const int64_t j1 = std::min(j0 + kb, shared);
-        if (value_lanes && j0 < j1) {
-            if (D == 64)  // 6 pairs x 4 registers + 4 of values
-                values_pairs<6, 4>(sc.pv.data(), sc.ov.data(), pairs_all, vc, j0, j1, D);
-            else  // 128: 2 pairs x 8 + 8
-                values_pairs<2, 8>(sc.pv.data(), sc.ov.data(), pairs_all, vc, j0, j1, D);
-            for (int64_t r = 0; r < T; ++r) cur[r] = j1;
-        }
-        for (int64_t r = 0; r < T; ++r) {
-            const int64_t t0 = cur[r], t1 = span(r, j0 + kb);
-            if (t0 == t1) continue;
-            const float* p = sc.s[r].data();
-            float* o = of + r * MAX_GROUP * MAX_D;
-            int64_t g = 0;
-            if (wide && D <= 64)
-                for (; g + 2 <= G; g += 2) values16<2>(p + g * nv8[r], nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
-            for (; g < G; ++g)
-                if (wide)
-                    values16<1>(p + g * nv8[r], nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
-                else
-                    values8(p + g * nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
-            cur[r] = t1;
-        }
-    }
+}
+
+// The query rows i0..i1 (one sequence's: the same cache row) and the G query heads of one kv head. Keys are taken
+// a block at a time (~block_bytes of them, in L2), every row and head over a block before the next, so that each
+// key and value is read from memory or L3 once for all of them; sweeping all keys per row and head (pair) had
+// read them again for each, from L3 at best (docs/results/attend-blocks/). No sum changes order: a score is one
+// key's, the softmax runs over all of a row's scores, and each output's chain over the keys is carried from block
+// to block in o: the bits of each row alone. Where the rows hold LANES_FROM pairs or more, the keys they all see
+// (below every row's first masked position) go through scores_lanes and values_lanes; the rest row by row.
+template <typename Q, typename KV>
+void attend_rows(const Q* q, const KV* kc, const KV* vc, Q* out, int64_t i0, int64_t i1, int64_t H, int64_t G,
+                 int64_t D, const int64_t* nkeys, const int64_t* first, const bool* mask, int64_t W, float scale,
+                 bool wide, int64_t block_bytes, Scratch& sc) {
+    const int64_t T = i1 - i0, P = T * G;
+    float* qf = Scratch::at(sc.qf, T * MAX_GROUP * MAX_D);
+    const int64_t keys = prepare_rows(q, qf, i0, T, H, G, D, nkeys, first, mask, W, sc);
+    float* of = Scratch::at(sc.o, T * MAX_GROUP * MAX_D);
+    const auto& nv8 = sc.nv8;
+    int64_t shared = T > 1 ? keys : 0;
+    for (int64_t r = 0; r < T; ++r) shared = std::min(shared, first[i0 + r]);
+    const bool lanes = wide && P >= LANES_FROM, value_lanes = lanes && (D == 64 || D == 128);
+    const float* qT = lanes ? lane_setup(P, G, D, qf, of, sc) : nullptr;
+    const int64_t kb = std::max<int64_t>(8, block_bytes / (D * static_cast<int64_t>(sizeof(KV))) / 8 * 8);
+    const int64_t pairs = wide ? G / 2 * 2 : 0;  // heads taken two at a time by the AVX-512 code
+    walk_blocks(sc, T, keys, kb, shared, lanes, [&](int64_t j0, int64_t j1) {
+        for (int64_t b = 0; b < (P + 15) / 16; ++b)
+            scores_lanes(qT + b * MAX_D * 16, std::min<int64_t>(16, P - 16 * b), D, kc, j0, j1, scale,
+                         sc.sp.data() + 16 * b);
+    }, [&](int64_t r, int64_t t0, int64_t t1) {
+        const auto& qr = *reinterpret_cast<const float(*)[MAX_GROUP][MAX_D]>(qf + r * MAX_GROUP * MAX_D);
+        for (int64_t g = 0; g < pairs; g += 2)
+            scores16(qr, g, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
+        scores8(qr, pairs, G, D, kc, sc.vis[r], t0, t1, nv8[r], scale, sc.s[r].data());
+    });
+    softmax_rows(T, G, sc);
+    walk_blocks(sc, T, keys, kb, shared, value_lanes, [&](int64_t j0, int64_t j1) {
+        if (D == 64)  // 6 pairs x 4 registers + 4 of values
+            values_pairs<6, 4>(sc.sp.data(), sc.ov.data(), P, vc, j0, j1, D);
+        else  // 128: 2 pairs x 8 + 8
+            values_pairs<2, 8>(sc.sp.data(), sc.ov.data(), P, vc, j0, j1, D);
+    }, [&](int64_t r, int64_t t0, int64_t t1) {
+        const float* p = sc.s[r].data();
+        float* o = of + r * MAX_GROUP * MAX_D;
+        int64_t g = 0;
+        if (wide && D <= 64)
+            for (; g + 2 <= G; g += 2) values16<2>(p + g * nv8[r], nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
+        for (; g < G; ++g)
+            if (wide)
+                values16<1>(p + g * nv8[r], nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
+            else
+                values8(p + g * nv8[r], vc, sc.vis[r], t0, t1, D, o + g * MAX_D);
+    });
     for (int64_t r = 0; r < T; ++r) {
         const bool any = !sc.vis[r].empty();
         for (int64_t g = 0; g < G; ++g)
             for (int64_t d = 0; d < D; ++d)
-                store(out + ((i0 + r) * H + g) * D + d, any ? of[(r * MAX_GROUP + g) * MAX_D + d] / l[r * G + g] : 0.f);
+                store(out + ((i0 + r) * H + g) * D + d,
+                      any ? of[(r * MAX_GROUP + g) * MAX_D + d] / sc.l[r * G + g] : 0.f);
     }
+}
+
+// Work items' rows [start, end): runs of consecutive query rows over one cache row (a sequence's), cut so that with
+// the kv heads there are at least as many items as threads where rows allow
+std::vector<std::pair<int64_t, int64_t>> row_runs(const int64_t* rows, int64_t T, int64_t Hkv) {
+    std::vector<int64_t> cuts{0};
+    for (int64_t i = 1; i < T; ++i)
+        if (rows[i] != rows[i - 1]) cuts.push_back(i);
+    cuts.push_back(T);
+    const int64_t runs = static_cast<int64_t>(cuts.size()) - 1, threads = at::get_num_threads();
+    const int64_t per = runs * Hkv >= threads ? T : std::max<int64_t>(1, (T * Hkv + threads - 1) / threads / Hkv);
+    std::vector<std::pair<int64_t, int64_t>> items;
+    for (int64_t n = 0; n < runs; ++n)
+        for (int64_t i = cuts[n]; i < cuts[n + 1]; i += per) items.emplace_back(i, std::min(i + per, cuts[n + 1]));
+    return items;
 }
 
 template <typename Q, typename KV>
@@ -471,32 +499,17 @@ void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& v
          bool wide, int64_t block_bytes) {
     const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = kc.size(1), G = H / Hkv;
     const int64_t Lmax = kc.size(2);
-    // work items: runs of consecutive query rows over one cache row (a sequence's), cut so that there are at least
-    // as many items as threads where rows allow, times the kv heads
-    std::vector<int64_t> cuts{0};
-    for (int64_t i = 1; i < T; ++i)
-        if (rows[i] != rows[i - 1]) cuts.push_back(i);
-    cuts.push_back(T);
-    const int64_t runs = static_cast<int64_t>(cuts.size()) - 1, threads = at::get_num_threads();
-    const int64_t per = runs * Hkv >= threads ? T : std::max<int64_t>(1, (T * Hkv + threads - 1) / threads / Hkv);
-    std::vector<int64_t> starts;
-    for (int64_t n = 0; n < runs; ++n)
-        for (int64_t i = cuts[n]; i < cuts[n + 1]; i += per) starts.push_back(i);
-    std::vector<int64_t> ends(starts.size());
-    for (size_t n = 0; n < starts.size(); ++n)
-        ends[n] = std::min(n + 1 < starts.size() ? starts[n + 1] : T,
-                           *std::upper_bound(cuts.begin(), cuts.end(), starts[n]));
+    const auto items = row_runs(rows, T, Hkv);
     const Q* qp = q.data_ptr<Q>();
     Q* op = out.data_ptr<Q>();
     const KV* kp = kc.data_ptr<KV>();
     const KV* vp = vc.data_ptr<KV>();
-    const int64_t items = static_cast<int64_t>(starts.size()) * Hkv;
-    at::parallel_for(0, items, 1, [&](int64_t w0, int64_t w1) {
+    at::parallel_for(0, static_cast<int64_t>(items.size()) * Hkv, 1, [&](int64_t w0, int64_t w1) {
         static thread_local Scratch sc;  // kept from call to call: no allocations once grown
         for (int64_t w = w0; w < w1; ++w) {
-            const int64_t n = w / Hkv, kvh = w % Hkv, i0 = starts[n];
-            const int64_t base = (rows[i0] * Hkv + kvh) * Lmax * D;
-            attend_rows<Q, KV>(qp + kvh * G * D, kp + base, vp + base, op + kvh * G * D, i0, ends[n], H, G, D, nkeys,
+            const auto [i0, i1] = items[w / Hkv];
+            const int64_t kvh = w % Hkv, base = (rows[i0] * Hkv + kvh) * Lmax * D;
+            attend_rows<Q, KV>(qp + kvh * G * D, kp + base, vp + base, op + kvh * G * D, i0, i1, H, G, D, nkeys,
                                first, mask, W, scale, wide, block_bytes, sc);
         }
     });
