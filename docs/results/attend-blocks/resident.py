@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from bench import build_at
+from compare import build_at  # the kernel at a revision, built beside this one (compare.py)
 from d3d.kernels.attention_cpu import _load
 
 rev = sys.argv[1] if len(sys.argv) > 1 else "638299c"

@@ -4,7 +4,7 @@ own fp32 cache so that a pass reads them from memory as decoding does; the 0.5B'
 24 layers) and the 1.5B's (12 x 128, 2 kv, 28 layers); 2 threads; the kernels take turns, medians. The outputs of
 both are checked equal first. ``--blocks``: this checkout at other block sizes too (bytes of K a block).
 
-    python docs/results/attend-blocks/bench.py [--against REV] [--blocks 16384 65536 ...] > OUT.txt
+    python docs/results/attend-blocks/compare.py [--against REV] [--blocks 16384 65536 ...] > OUT.txt
 """
 import argparse
 import statistics
