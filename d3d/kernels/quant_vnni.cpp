@@ -223,23 +223,34 @@ __attribute__((always_inline)) inline void block_rows(const Act& X, int64_t m0, 
     const int8_t* f = static_cast<const int8_t*>(W.s);
     const int8_t* mf = static_cast<const int8_t*>(W.m);
     __m512i T[R];
+#pragma GCC unroll 8
     for (int m = 0; m < R; ++m) T[m] = _mm512_setzero_si512();
     for (int64_t g = b * PER; g < (b + 1) * PER; ++g) {
         const int64_t ig = m0 * NG + g * MR + R0;  // the rows' values of group g
         __m512i I[R];
+#pragma GCC unroll 8
         for (int m = 0; m < R; ++m) I[m] = BITS != 4 ? _mm512_set1_epi32(X.zsum[ig + m]) : _mm512_setzero_si512();
         dots<R, BITS, G, MR, PF>(X.q + m0 * K + 4 * R0, W, g * G, I);
         const __m512i fg = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + g * NR)));
+        if constexpr (R >= 4) {
+            // the factors shifted by each 3 - e a row can have, so that a row's product is one vpmulld with its
+            // shifted factors as a memory operand: (f I) << s = I (f << s), exact in int32 (8 rows: ~1.1x)
+            alignas(64) __m512i fs[4];
+            fs[0] = fg, fs[1] = _mm512_slli_epi32(fg, 1), fs[2] = _mm512_slli_epi32(fg, 2), fs[3] = _mm512_slli_epi32(fg, 3);
 #pragma GCC unroll 8
-        for (int m = 0; m < R; ++m) {
-            const __m128i shift = _mm_cvtsi32_si128(X.shift[ig + m]);
-            T[m] = _mm512_add_epi32(T[m], _mm512_sll_epi32(_mm512_mullo_epi32(I[m], fg), shift));
+            for (int m = 0; m < R; ++m) T[m] = _mm512_add_epi32(T[m], _mm512_mullo_epi32(I[m], fs[X.shift[ig + m]]));
+        } else {
+            for (int m = 0; m < R; ++m) {
+                const __m128i shift = _mm_cvtsi32_si128(X.shift[ig + m]);
+                T[m] = _mm512_add_epi32(T[m], _mm512_sll_epi32(_mm512_mullo_epi32(I[m], fg), shift));
+            }
         }
     }
     const __m512 d = load16<true>(W.sd, b * NR);
     __m512i mp[PER / 2];
     if constexpr (BITS == 4)
         for (int64_t i = 0; i < PER / 2; ++i) mp[i] = min_pairs(mf + (b * PER + 2 * i) * NR);
+#pragma GCC unroll 8
     for (int m = 0; m < R; ++m) {
         float* out = y + (R0 + m) * ldy;
         const __m512 sx = _mm512_set1_ps(X.scale[m0 * NB + b * MR + R0 + m]);
