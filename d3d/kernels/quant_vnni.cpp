@@ -194,6 +194,7 @@ template <int MR, int BITS, int SC, int A>
 void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int64_t a0, int64_t a1, int64_t col) {
     constexpr int H0 = first_half(MR);
     __m512 acc[MR];
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) acc[m] = a0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(first(col), y + m * ldy);
     const int64_t NG = X.K / A;
     const int8_t* xt = X.q + m0 * X.K;
@@ -202,6 +203,7 @@ void tile(const Act& X, int64_t m0, const Weights& W, float* y, int64_t ldy, int
         group_rows<0, H0, MR, BITS, SC, A, true>(X, xt, ia, W, a, acc);
         if constexpr (MR > H0) group_rows<H0, MR - H0, MR, BITS, SC, A, false>(X, xt, ia, W, a, acc);
     }
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy, first(col), acc[m]);
 }
 
