@@ -334,7 +334,8 @@ void run(const Act& X, int64_t M, const Weights& W0, int64_t P, int64_t N, float
 
 // The machine's rate of integer dot products, a bound on a pass with many rows: `per_thread` vpdpbusd on 12
 // independent chains (no memory) in each of the threads; returns their checksum (so that they run). The
-// tiles above run at about a third to a half of it (unpacking, scales, loads; docs/results/dot-bound/).
+// tiles above run at about a third to two thirds of it (unpacking, scales, loads; docs/results/dot-bound/,
+// docs/results/kquant-rows/).
 int64_t dots_on_chains(int64_t per_thread) {
     const int64_t threads = at::get_num_threads();
     std::vector<int64_t> sums(threads, 0);
