@@ -1,5 +1,5 @@
 """The VNNI kernel's rate on one matrix that stays in L2, this checkout against another revision's kernel, the two
-taking turns (the bits checked equal first): how far a tile of rows is from the machine's vpdpbusd rate with no
+taking turns (the bits checked equal first; --kernel maddubs: the AVX2 kernel): how far a tile of rows is from the machine's vpdpbusd rate with no
 memory stalls. Random GGUF blocks of each kind, 512 x 1536; 1 and 2 threads; medians.
 
     python docs/results/kquant-rows/tiles.py --against 48e653f > docs/results/kquant-rows/tiles.txt
@@ -31,9 +31,14 @@ def main():
     ap.add_argument("--reps", type=int, default=15, help="timed turns per kernel (default 15)")
     ap.add_argument("--rows", default="1,4,8,16", help="row counts (default 1,4,8,16)")
     ap.add_argument("--kinds", default="Q4_K,Q6_K,Q8_0,Q5_0", help="GGUF block kinds (default Q4_K,Q6_K,Q8_0,Q5_0)")
+    ap.add_argument("--kernel", choices=("vnni", "maddubs"), default="vnni",
+                    help="the AVX-512 VNNI kernel or the AVX2 one, quant_maddubs.cpp (default vnni)")
     args = ap.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
-    kernels = {"now": K._load_vnni()[0], args.against: build_at(args.against)}
+    ours = K._load_vnni() if args.kernel == "vnni" else K._load_maddubs()
+    if ours[0] is None:
+        raise SystemExit(f"--kernel {args.kernel}: this checkout's kernel is unavailable: {ours[1]}")
+    kernels = {"now": ours[0], args.against: build_at(args.against, args.kernel)}
     print("cpu flags:", " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx")))))
     rng = np.random.default_rng(0)
     n, k = 512, 1536
