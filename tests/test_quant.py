@@ -291,16 +291,23 @@ def test_quantize_error_bounds_select_and_embedding_rows(fmt):
 def test_join_refines_groups_exactly_and_stacks_mixed_formats():
     g = torch.Generator().manual_seed(4)
     pa, pb, pc = random_format(8, 16, 64, 32, g), random_format(8, 8, 64, 16, g), random_format(4, 8, 64, 32, g)
-    a, b, c = QuantWeight(*pa), QuantWeight(*pb), QuantWeight(*pc)
+    pd = random_format(8, 8, 64, 32, g)  # pa's format and group
+    a, b, c, d = QuantWeight(*pa), QuantWeight(*pb), QuantWeight(*pc), QuantWeight(*pd)
     ab = join([pa, pb])
     assert isinstance(ab, QuantWeight) and ab.group == 16
     assert torch.equal(ab.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
-    abc = join([pa, pb, pc])
-    assert isinstance(abc, Stacked) and abc.shape == (32, 64) and abc.format == "int4+int8"
     x = torch.randn(3, 64)
-    assert torch.equal(abc.linear(x), torch.cat([a.linear(x), b.linear(x), c.linear(x)], dim=-1))
-    for i in range(3):
-        assert torch.equal(abc.linear(x[i:i + 1]), abc.linear(x)[i:i + 1])
+    each = {id(pa): a, id(pb): b, id(pc): c, id(pd): d}
+    # neighbouring blocks of one format and group join (a Stacked of the runs); other groups stay apart, so
+    # that every block computes what it computes alone (int8 activations are quantized per group)
+    for blocks, rows in (([pa, pd, pc], [24, 8]), ([pc, pa, pd], [8, 24]), ([pa, pc, pd], [16, 8, 8]),
+                         ([pa, pb, pc], [16, 8, 8])):
+        abc = join(blocks)
+        assert isinstance(abc, Stacked) and abc.shape == (sum(rows), 64) and abc.format == "int4+int8"
+        assert [p.out_features for p in abc.parts] == rows
+        assert torch.equal(abc.linear(x), torch.cat([each[id(p)].linear(x) for p in blocks], dim=-1))
+        for i in range(3):
+            assert torch.equal(abc.linear(x[i:i + 1]), abc.linear(x)[i:i + 1])
 
 
 # ---------------------------------------------------------------- GGUF blocks
