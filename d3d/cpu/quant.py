@@ -24,6 +24,7 @@ quantized path: ``load_model`` then keeps dense weights and warns.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -288,30 +289,32 @@ def join(parts: list[tuple], what: str = "weight") -> QuantWeight | Stacked:
         parts = [widen(p) if p[3] is not None else p for p in parts]
     if joins(parts):
         return one(parts, what)
-    runs = [[parts[0]]]
-    for p in parts[1:]:
-        if joins(runs[-1] + [p]) and len(set(groups_of(runs[-1] + [p]))) == 1:  # a run's bits as its blocks' alone
-            runs[-1].append(p)
-        else:
-            runs.append([p])
-    return Stacked([one(run, what) for run in runs])
+    runs = itertools.groupby(parts, lambda p: (block_kind(p), block_group(p)))  # neighbours of one format and group
+    return Stacked([one(list(run), what) for _, run in runs])
 
 
-def groups_of(parts: list[tuple]) -> list[int]:
-    """Each row-major block's group (inputs a scale covers)."""
-    return [q.shape[1] * (1 if q.dtype == torch.int8 else 2) // s.shape[1] for q, s, m, h in parts]
+def block_kind(block: tuple) -> tuple:
+    """A row-major block's format: what ``join`` requires its blocks to share."""
+    q, s, m, h = block
+    return q.dtype, q.shape[1], m is None, h is None
+
+
+def block_group(block: tuple) -> int:
+    """A row-major block's group (inputs a scale covers)."""
+    q, s, m, h = block
+    return q.shape[1] * (1 if q.dtype == torch.int8 else 2) // s.shape[1]
 
 
 def joins(parts: list[tuple]) -> bool:
     """Whether row blocks share one format, and groups that refine to the smallest (``join``)."""
-    kinds, groups = {(q.dtype, q.shape[1], m is None, h is None) for q, s, m, h in parts}, groups_of(parts)
-    return len(kinds) == 1 and not any(g % min(groups) for g in groups)
+    groups = [block_group(p) for p in parts]
+    return len({block_kind(p) for p in parts}) == 1 and not any(g % min(groups) for g in groups)
 
 
 def one(parts: list[tuple], what: str) -> QuantWeight:
     """Row blocks that ``joins`` -> one QuantWeight."""
-    groups = groups_of(parts)
-    group = min(groups)
+    groups = [block_group(p) for p in parts]
+    smallest = min(groups)
     if len(parts) == 1:
         return QuantWeight(*parts[0], what=what)
     parts = factored_alike(parts)
@@ -320,7 +323,7 @@ def one(parts: list[tuple], what: str) -> QuantWeight:
                                                                  torch.cat([p[i].d for p in parts])) for i in (1, 2))
         return QuantWeight(torch.cat([p[0] for p in parts]), scale, mins, what=what)
     cat = lambda i, refine: None if parts[0][i] is None else torch.cat(  # noqa: E731
-        [p[i].repeat_interleave(g // group, dim=1) if refine else p[i] for p, g in zip(parts, groups)])
+        [p[i].repeat_interleave(g // smallest, dim=1) if refine else p[i] for p, g in zip(parts, groups)])
     return QuantWeight(cat(0, False), cat(1, True), cat(2, True), cat(3, False), what=what)
 
 

@@ -236,7 +236,6 @@ __attribute__((optimize("no-tree-vectorize"))) inline void scatter_scores(const 
         for (int64_t u = 0; u < n; ++u) dst[c][c0 + u] = res[u][c];
 }
 
-
 // Scores of up to 16 (query row, head) pairs at once, one pair a lane, for keys j0..j1 that all of them see: lane c
 // runs the 8-lane code's sums for its pair (chain l over d = l, l + 8, ..., then hsum8's tree, then the scale), each
 // key element broadcast to all lanes. So where several rows share a kv head, a key is read once for all 16 and no
