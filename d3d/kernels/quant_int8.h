@@ -16,6 +16,24 @@ namespace d3d_quant {
 constexpr int64_t SUPER = 256;  // inputs per super-block of two-level scales
 constexpr int64_t MR_MAX = 16;  // rows of an activation tile (Act)
 
+// Software prefetch of a panel's weights (and int5/int6's high bits as far ahead in k), in 64-byte loads: into
+// L1 4 KB ahead (~4% faster than 1 KB at 1-4 rows on a Zen 4: docs/results/vnni-streams/), and into L2 16 KB
+// ahead (a pass's matmuls 4-6% faster at 1-2 rows on an Intel Xeon: docs/results/prefetch-l2/).
+constexpr int64_t PREFETCH = 64, PREFETCH_L2 = 256;
+
+// The prefetches for the load of weights at q (a panel's k; int8: q's k, else q holds k / 2), from `bits`' panels;
+// L2: the prefetch into L2 too (the AVX2 kernel's tiles of 8 rows measured 3-4% slower with it: prefetch-l2/).
+template <int BITS, bool L2 = true>
+inline void prefetch_panel(const Weights& W, const uint8_t* q, int64_t k) {
+    _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH * 64), _MM_HINT_T0);
+    if constexpr (L2) _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_L2 * 64), _MM_HINT_T1);
+    if constexpr (BITS == 6 || BITS == 5) {  // int6: 32 bytes of high bits a k step of 8; int5: 16
+        constexpr int64_t H = BITS == 6 ? 4 : 2;
+        _mm_prefetch(reinterpret_cast<const char*>(W.h + k * H + PREFETCH * 8 * H), _MM_HINT_T0);
+        if constexpr (L2) _mm_prefetch(reinterpret_cast<const char*>(W.h + k * H + PREFETCH_L2 * 8 * H), _MM_HINT_T1);
+    }
+}
+
 // The quantized activations of all rows, laid out by row tile (``tile_rows``): a tile of mr rows from row m0
 // holds its qx at q + m0 K as [K / 4][mr][4] bytes (the 4 bytes a product broadcasts, of its rows side by side)
 // and its values per group a (per span b) at m0 (K / A) + a mr + (m - m0): one pointer and constant offsets

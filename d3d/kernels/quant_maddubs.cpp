@@ -41,7 +41,6 @@ using d3d_quant::Weights;
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
-constexpr int64_t PREFETCH = 64;  // 64-byte loads ahead in a panel, as quant_vnni.cpp
 // Rows a pass over a group's weights takes: two-level scales 4 (8-16 rows' matmuls 13-19% faster than with 2),
 // one-level 2 (16 rows' matmuls 5-9% faster than with 4; docs/results/avx2-int8/chunks.txt).
 template <int SC>
@@ -90,13 +89,7 @@ __attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights&
     for (int j = 0; j < A / STEP; ++j) {
         const int64_t k = k0 + j * STEP;
         const uint8_t* q = W.q + (BITS == 8 ? k : k / 2) * NR;
-        if constexpr (PF) {
-            _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH * 64), _MM_HINT_T0);
-            if constexpr (BITS == 6)
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 4 + PREFETCH * 32), _MM_HINT_T0);
-            if constexpr (BITS == 5)
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 2 + PREFETCH * 16), _MM_HINT_T0);
-        }
+        if constexpr (PF) d3d_quant::prefetch_panel<BITS, (LD <= 4)>(W, q, k);  // into L2 too in tiles of <= 4 rows
         __m256i c[2];
         transpose(q, c[0], c[1]);
         __m256i crumbs;  // int6: 32 bytes of high two bits, laid out for the transposed bytes (int6_to_panels)

@@ -65,12 +65,6 @@ using d3d_quant::tile_rows;
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg")
 
-// Software prefetch: the weights this many 64-byte loads ahead in a panel (and the high bits as far in k);
-// 4 KB ahead streamed the 1.5B's matrices ~4% faster than 1 KB at 1-4 rows (docs/results/vnni-streams/). And
-// into L2 16 KB ahead: a pass's matmuls 4-6% faster at 1-2 rows on an Intel Xeon (docs/results/prefetch-l2/).
-constexpr int64_t PREFETCH = 64;
-constexpr int64_t PREFETCH_L2 = 256;
-
 // [i][j] (4 x 16 bytes) -> [j][i] (16 lanes of 4 bytes)
 inline __m512i transpose4x16(__m512i v) {
     alignas(64) static const uint8_t idx[64] = {
@@ -123,18 +117,7 @@ __attribute__((always_inline)) inline void dots(const int8_t* xt, const Weights&
     for (int j = 0; j < A / STEP; ++j) {
         const int64_t k = k0 + j * STEP;
         const uint8_t* q = W.q + (BITS == 8 ? k : k / 2) * NR;
-        if constexpr (PF) {
-            _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH * 64), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_L2 * 64), _MM_HINT_T1);
-            if constexpr (BITS == 6) {
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 4 + PREFETCH * 32), _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 4 + PREFETCH_L2 * 32), _MM_HINT_T1);
-            }
-            if constexpr (BITS == 5) {
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 2 + PREFETCH * 16), _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char*>(W.h + k * 2 + PREFETCH_L2 * 16), _MM_HINT_T1);
-            }
-        }
+        if constexpr (PF) d3d_quant::prefetch_panel<BITS>(W, q, k);
         const __m512i v = transpose4x16(_mm512_loadu_si512(q));
         __m512i lo, hi;  // int8: lo only
         if constexpr (BITS == 8) {

@@ -3,6 +3,7 @@ checkout's VNNI kernel against other revisions', the kernels taking turns in alt
 switch pays for it); the bits checked equal first. Medians, 2 threads.
 
     python docs/results/kquant-rows/pass_matmuls.py qwen2.5-coder-1.5b --against 48e653f --rows 1,4,6,8,16
+    python docs/results/kquant-rows/pass_matmuls.py qwen2.5-coder-0.5b --kernel maddubs   (the AVX2 kernel)
 """
 import argparse
 import statistics
@@ -28,13 +29,15 @@ def main():
     ap.add_argument("--against", default="HEAD", help="git revisions of the kernel, comma-separated (default HEAD)")
     ap.add_argument("--rows", default="1,4,8,16", help="row counts (default 1,4,8,16)")
     ap.add_argument("--reps", type=int, default=15, help="turns per kernel and row count (default 15)")
+    ap.add_argument("--kernel", choices=("vnni", "maddubs"), default="vnni",
+                    help="the AVX-512 VNNI kernel or the AVX2 one, quant_maddubs.cpp (default vnni)")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     ws = matrices(load_model(resolve_model(args.model), weights="auto"))
     calls = [kernel_args(w) for w in ws]
-    kernels = {"now": K._load_vnni()[0]}
+    kernels = {"now": (K._load_vnni() if args.kernel == "vnni" else K._load_maddubs())[0]}
     for rev in args.against.split(","):
-        kernels[rev] = build_at(rev)
+        kernels[rev] = build_at(rev, args.kernel)
     rows_list = [int(r) for r in args.rows.split(",")]
     xs = {r: {k: torch.randn(r, k) for k in {w.in_features for w in ws}} for r in rows_list}
     for w, a in zip(ws, calls):
