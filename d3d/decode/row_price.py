@@ -20,7 +20,9 @@ the machine, the dtype and the text:
     (confidence 1) whatever their match; offline, cutting them sped the copied rounds up
     (docs/results/copy-length/probe.txt). On validation requests auto was as fast as the fixed 0.05
     on code and faster on explanations (docs/results/copy-length/, two runs).
-    AMX, or a GPU (expected, unmeasured): b ~ 0, every draft verified.
+    AMX with bf16 matmuls, or a GPU (expected, unmeasured): b ~ 0, every draft verified. Quantized
+    weights on an AMX Xeon take the VNNI kernel (its AMX tiles measured slower: docs/results/amx/), so
+    rows cost there as on other AVX-512 CPUs (verify(8)/step 1.47: docs/results/prefetch-l2/).
 
 The drafter pass itself has a price, so rounds that draft and plain steps (empty drafts; copied ones
 still verified) are timed and the faster kind taken (``RowPrice.draft``). Rounds whose every row had a
