@@ -21,7 +21,7 @@ constexpr int64_t MR_MAX = 16;  // rows of an activation tile (Act)
 // ahead (a pass's matmuls 4-6% faster at 1-2 rows on an Intel Xeon: docs/results/prefetch-l2/).
 constexpr int64_t PREFETCH = 64, PREFETCH_L2 = 256;
 
-// The prefetches for the load of weights at q (a panel's k; int8: q's k, else q holds k / 2), from `bits`' panels;
+// The prefetches for a panel's load of weights at input k (q: that load's address), of `BITS`-bit weights;
 // L2: the prefetch into L2 too (the AVX2 kernel's tiles of 8 rows measured 3-4% slower with it: prefetch-l2/).
 template <int BITS, bool L2 = true>
 inline void prefetch_panel(const Weights& W, const uint8_t* q, int64_t k) {
