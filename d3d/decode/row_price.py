@@ -62,8 +62,6 @@ from dataclasses import dataclass
 DRAFT_DECAY = 0.25  # the weight of a new drafter pass in its seconds per row
 KIND_DECAY = 0.1  # ... of a new round of one sequence in the rates of drafting rounds and plain steps
 # (batches: DRAFT_DECAY, as docs/results/serve/gate_validation.json measured them)
-PROBE_LEAST = 2  # one sequence: a probe of drafting ends after this many counted rounds if they lost to steps
-# (docs/results/probe-least/; 4 counted rounds, drafting_samples, when they keep up)
 BATCH_DRAFT_LIMIT = 0.3  # a batch asks no drafter while a verified row's price R * b is this or more
 # (docs/results/batch-gate/: on a 2-core Zen 4, batches of 4 and 16 measured R * b ~ 0.4-0.9 and lost to ar
 # by drafting, probes included; on a machine where rows are cheap R * b stays low and the gate decides)
@@ -80,7 +78,7 @@ class RowPrice:
 
     def __init__(self, prior: float = 0.05, decay: float = 0.05, warmup: int = 8, ceiling: float = 1.0,
                  min_rows: int = 1, probe_every: int = 8, probe_most: int = 64, drafting_samples: int = 4,
-                 probe_least: int = PROBE_LEAST, batch_limit: float = BATCH_DRAFT_LIMIT):
+                 batch_limit: float = BATCH_DRAFT_LIMIT):
         if not 0 <= prior <= 1:
             raise ValueError(f"prior={prior!r}: must be a probability in [0, 1]")
         if not 0 < decay <= 1:
@@ -88,14 +86,13 @@ class RowPrice:
         if not 0 < ceiling <= 1:
             raise ValueError(f"ceiling={ceiling!r}: must be in (0, 1]")
         self.prior, self.decay, self.warmup, self.ceiling, self.batch_limit = prior, decay, warmup, ceiling, batch_limit
-        if not 1 <= probe_least <= drafting_samples:
-            raise ValueError(f"drafting_samples={drafting_samples!r}, probe_least={probe_least!r}: "
-                             "need 1 <= probe_least <= drafting_samples")
+        if drafting_samples < 1:
+            raise ValueError(f"drafting_samples={drafting_samples!r}: must be >= 1")
         self.min_rows, self.probe_every, self.probe_most, self.since_probe = min_rows, probe_every, probe_most, 0
         self.probe_interval, self.best = probe_every, None
         self.by_kind = {True: [None, None], False: [None, None]}  # drafted? -> EWMA [tokens, seconds] of rounds
         self.samples = {True: 0, False: 0}  # ... rounds in them since each was last tried afresh
-        self.drafting_samples, self.probe_least, self.batch = drafting_samples, probe_least, 1  # the rows of the last round asked
+        self.drafting_samples, self.batch = drafting_samples, 1  # the rows of the last round asked
         self.stale = True  # the drafter's cache lags (nothing drafted yet, or plain steps since): its next pass catches up
         self.per_row = {"draft": None, "hypotheses": None}  # EWMA seconds per row: a sync draft, a hypotheses pass
         self.rounds, self.cheap = 0, probe_every  # ... and the batch's rounds in a row with R * b below batch_limit
@@ -163,13 +160,11 @@ class RowPrice:
             if self.cheap < self.probe_every:
                 return False
         wanted = {True: self.drafting_samples if rows == 1 else 1, False: 1}
-        if rows == 1 and self.samples[False] and self.probe_least <= self.samples[True] < wanted[True] \
-                and not self.drafting_faster():  # a probe whose first rounds lost to steps ends there
-            self.samples[True] = wanted[True]
         for kind in (True, False):
             if self.samples[kind] < wanted[kind]:
                 return kind
-        best = self.drafting_faster()
+        (td, sd), (ts, ss) = self.by_kind[True], self.by_kind[False]
+        best = td / max(sd, 1e-9) >= ts / max(ss, 1e-9)
         if best != self.best:
             self.best, self.probe_interval, self.since_probe = best, self.probe_every, 0
         self.since_probe += 1
@@ -179,11 +174,6 @@ class RowPrice:
                 self.by_kind[not best], self.samples[not best] = [None, None], 0
             return not best
         return best
-
-    def drafting_faster(self) -> bool:
-        """Whether drafting rounds have committed tokens at least as fast as plain steps (both measured)."""
-        (td, sd), (ts, ss) = self.by_kind[True], self.by_kind[False]
-        return td / max(sd, 1e-9) >= ts / max(ss, 1e-9)
 
     def observe_drafter(self, kind: str, seconds: float, rows: int) -> None:
         """A drafter pass on the round's critical path: ``kind`` "draft" (the synchronous draft of ``rows``
