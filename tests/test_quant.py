@@ -247,6 +247,26 @@ def test_dot_probe_runs_every_chain_and_its_rate_is_a_rate():
     assert 1e9 < rate < 1e15
 
 
+@pytest.mark.parametrize("name", ["vnni", "avx2"])
+@pytest.mark.parametrize("M, N, K", [(1, 48, 64), (3, 33, 96), (8, 16, 256), (17, 70, 128)])
+def test_int6_with_a_scale_per_group_equals_int8_of_its_values_times_four(name, M, N, K):
+    """int6 values h in [-32, 31] with one fp16 scale 4 s per group of 32 (the greedy head's bounds,
+    ``d3d.cpu.greedy_head``) give the bits of int8 values 4 h with scale s: the integer sums are a quarter, the
+    scale four times, and both products are exact before the same fp32 accumulation."""
+    module = (kernel._load_vnni() if name == "vnni" else kernel._load_maddubs())[0]
+    if module is None:
+        pytest.skip(f"{name} kernel unavailable")
+    g = torch.Generator().manual_seed(M * N + K)
+    h = torch.randint(-32, 32, (N, K), generator=g, dtype=torch.int8)
+    s = (torch.rand(N, K // 32, generator=g) / 50).half().float()
+    x = torch.randn(M, K, generator=g)
+    nib, crumbs = kernel.int6_to_panels(h)
+    e = kernel._EMPTY
+    six = module.matmul(x, nib, crumbs, kernel.to_panels((4 * s).half()), e, N, 32, 6, e, e)
+    eight = module.matmul(x, kernel.to_panels(4 * h), e, kernel.to_panels(s.half()), e, N, 32, 8, e, e)
+    assert torch.equal(six, eight)
+
+
 def test_activation_choice(monkeypatch):
     from d3d.cpu.quant import int8_activations
 

@@ -12,7 +12,7 @@ import torch
 from ..model.cache import KVCache
 from ..model.transformer import Transformer
 from .sampling import sample_rows
-from .sequence import Sequence, Tally, mean_tokens_per_round
+from .sequence import Sequence, Tally, all_greedy, mean_tokens_per_round
 from .sources import Origin
 
 StreamFn = Callable[[int, list[int]], None]  # (sequence id, newly committed token ids)
@@ -171,7 +171,7 @@ class Decoder:
         for i in rows:
             cache.crop(i, 0)
         return prefill_counted(self.target, [s.tokens for s in seqs], cache, lambda logits: self.pick(seqs, logits),
-                               self.stats, self.clock, hidden_layers, rows)
+                               self.stats, self.clock, hidden_layers, rows, all_greedy(seqs))
 
     def pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """The next token of each of ``seqs`` from its logits (row j of ``logits``), as each samples."""
@@ -208,16 +208,17 @@ class Decoder:
 
 
 def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, pick: Callable,
-            hidden_layers: tuple[int, ...] = (), rows: list[int] | None = None):
+            hidden_layers: tuple[int, ...] = (), rows: list[int] | None = None, greedy: bool = False):
     """One target pass over every prompt (its K/V cached in cache row ``rows[i]``, default i); returns
     the first generated token of each sequence (``pick(logits of each last prompt token)``), and with
-    ``hidden_layers`` also those layers' hidden states of every prompt token."""
+    ``hidden_layers`` also those layers' hidden states of every prompt token. ``greedy``: ``pick`` reads
+    each row's argmax only."""
     layout = cache.layout([len(p) for p in prompts], rows)
     ids = torch.tensor([t for p in prompts for t in p], device=target.device)
     if hidden_layers:
         logits, hidden = target(ids, layout, cache, hidden_layers=hidden_layers)
         return pick(logits[layout.last_token_index()]), hidden
-    return pick(target(ids, layout, cache, logits_index=layout.last_token_index())), None
+    return pick(target(ids, layout, cache, logits_index=layout.last_token_index(), greedy=greedy)), None
 
 
 def sampling_generator(device: torch.device, sampling) -> torch.Generator | None:
@@ -227,10 +228,10 @@ def sampling_generator(device: torch.device, sampling) -> torch.Generator | None
 
 def prefill_counted(target: Transformer, prompts: list[list[int]], cache: KVCache, pick: Callable,
                     stats: GenerationStats, clock: Clock, hidden_layers: tuple[int, ...] = (),
-                    rows: list[int] | None = None):
+                    rows: list[int] | None = None, greedy: bool = False):
     """The prologue every engine shares: ``prefill`` with ``pick`` (logits -> first tokens), counted as a
     target forward, its time added to the stats' ``prefill_seconds``. Returns ``prefill``'s pair."""
-    first, (t0, t1) = clock.timed(lambda: prefill(target, prompts, cache, pick, hidden_layers, rows))
+    first, (t0, t1) = clock.timed(lambda: prefill(target, prompts, cache, pick, hidden_layers, rows, greedy))
     stats.target_forwards += 1
     stats.prefill_seconds += t1 - t0
     return first

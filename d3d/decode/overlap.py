@@ -36,10 +36,11 @@ class Verification:
     ids: torch.Tensor
     layout: PassLayout
     cache: KVCache
+    greedy: bool = False  # every row decodes greedily: the argmax of its logits is all that is read
 
     @torch.inference_mode()
     def forward(self) -> torch.Tensor:
-        return self.target(self.ids, self.layout, self.cache)
+        return self.target(self.ids, self.layout, self.cache, greedy=self.greedy)
 
 
 class Serial:

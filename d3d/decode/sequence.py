@@ -96,4 +96,10 @@ class Sequence:
         return new
 
 
-__all__ = ["Sequence", "Tally", "mean_tokens_per_round"]
+def all_greedy(seqs: list[Sequence]) -> bool:
+    """Whether every one of ``seqs`` decodes greedily: a pass for them needs each row's argmax only
+    (``Transformer.forward(greedy=True)``)."""
+    return all(s.sampling.temperature == 0 for s in seqs)
+
+
+__all__ = ["Sequence", "Tally", "mean_tokens_per_round", "all_greedy"]

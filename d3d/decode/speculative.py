@@ -51,7 +51,7 @@ from .generation import Clock, Decoder, GenerationStats, StreamFn
 from .hypotheses import Hypothesis, bonus_leaves, matching, outcome_hypotheses
 from ..kernels.accept import accept
 from ..kernels.glue_cpu import argmax
-from .sequence import Sequence
+from .sequence import Sequence, all_greedy
 from .sources import Draft, Origin, draft_sources
 from ..model.cache import branches
 from ..model.transformer import Transformer
@@ -135,11 +135,12 @@ class Verifier:
         ids = torch.tensor(ids, device=self.target.device)
         rows, lens = [s.row for s in seqs], [len(d) + 1 + len(row) for d, row in zip(drafts, leaves)]
         if not any(leaves):
-            return Verification(self.target, ids, self.tcache.layout(lens, rows, row_invariant=exact), self.tcache)
+            return Verification(self.target, ids, self.tcache.layout(lens, rows, row_invariant=exact), self.tcache,
+                                all_greedy(seqs))
         g, r, p = zip(*(branches(self.tcache.lengths[i], len(d) + 1, [(h.accepted + 1, 1) for h in row])
                         for i, d, row in zip(rows, drafts, leaves)))
         layout = self.tcache.layout(lens, rows, groups=list(g), reach=list(r), positions=list(p))
-        return Verification(self.target, ids, layout, self.tcache)
+        return Verification(self.target, ids, layout, self.tcache, all_greedy(seqs))
 
     def judge(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], rnd: int,
               leaves: list[list[Hypothesis]] | None = None) -> list[Outcome]:

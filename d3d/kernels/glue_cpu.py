@@ -1,5 +1,6 @@
 """The small ops between the matmuls of a CPU decoding pass, fused (``glue_cpu.cpp``): ``rms_norm``,
-``rope_write`` (RoPE on q and k, and k and v into the KV cache), and ``argmax`` (greedy tokens).
+``rope_write`` (RoPE on q and k, and k and v into the KV cache), ``argmax`` (greedy tokens) and ``head_candidates``
+(which panels of an LM head can hold a row's maximum: ``d3d.cpu.greedy_head``).
 
 Each is one call where torch runs a chain of small ops; every row is computed as alone. Torch
 references: ``d3d.model.transformer.rms_norm``'s fallback (torch's layer_norm), ``Attention``'s torch
@@ -65,4 +66,11 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(-1)
 
 
-__all__ = ["available", "why_unavailable", "rms_norm", "rope_write", "argmax"]
+def head_candidates(approx: torch.Tensor, col_max: torch.Tensor, scale: torch.Tensor, neg: torch.Tensor,
+                    pos: torch.Tensor, margin: torch.Tensor) -> torch.Tensor | None:
+    """The greedy head's panels that can hold a row's maximum (``d3d.cpu.greedy_head``; ``glue_cpu.cpp``), ascending;
+    None where some approximate logit is NaN. ``approx`` [T, N] is set to -inf."""
+    return _module().head_candidates(approx, col_max, scale, neg, pos, margin)
+
+
+__all__ = ["available", "why_unavailable", "rms_norm", "rope_write", "argmax", "head_candidates"]

@@ -146,7 +146,6 @@ torch::Tensor int8_matmul(const char* who, const torch::Tensor& x, const torch::
     TORCH_CHECK(!W.two || ((G == 16 || G == 32) && G * W.per_d == SUPER && (bits == 4 || bits == 6)),
                 who, ": two-level scales need int6 or int4 groups of 16 or 32 in super-blocks of ",
                 SUPER, " inputs (Q6_K, Q4_K), got int", bits, " groups of ", G, " x ", W.per_d);
-    TORCH_CHECK(bits != 6 || W.two, who, ": int6 needs two-level scales (it holds Q6_K)");
     auto xc = x.contiguous();
     const int64_t M = xc.size(0), S = W.two ? SUPER : A;
     if (M == 0 || K == 0) return torch::zeros({M, N}, x.options());

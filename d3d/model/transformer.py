@@ -28,6 +28,7 @@ from ..kernels import glue_cpu, layers_cpu, use_triton
 from ..kernels.attention import attend_torch, packed_attention
 from ..kernels.attention_cpu import CpuPlan, attend_cpu, fits
 from ..cpu.precision import WeightsChoice
+from ..cpu.greedy_head import GREEDY_ROWS, GreedyHead
 from ..cpu.quant import QuantWeight, Stacked, is_quantized, quantize
 
 
@@ -341,6 +342,8 @@ class Transformer(nn.Module):
         self.weights_choice: WeightsChoice | None = None  # how load_weights held the matrices (None: built here)
         self.cpu_layers = True  # decoding passes through d3d.kernels.layers_cpu where it applies (False: never)
         self._cpu_layers = None  # bind_cpu_layers' result once asked (False: does not apply)
+        self.greedy_heads = True  # greedy passes read the LM head in two stages where it applies (False: never)
+        self._greedy_head = None  # greedy_head's once asked (False: does not apply)
 
     # ---------------------------------------------------------------- helpers
 
@@ -373,6 +376,14 @@ class Transformer(nn.Module):
         if not formats:
             return str(self.dtype).removeprefix("torch.")
         return "+".join(sorted({f for fmt in formats for f in fmt.split("+")}, reverse=True))
+
+    def greedy_head(self) -> "GreedyHead | None":
+        """The LM head read in two stages for greedy passes (``d3d.cpu.greedy_head``), built on first use where it
+        applies (an int8 head with groups of 32 multiplying int8 activations on a CPU), else None."""
+        if self._greedy_head is None:
+            w = self.output_weight()
+            self._greedy_head = GreedyHead(w) if GreedyHead.fits(w) and glue_cpu.available() else False
+        return self._greedy_head or None
 
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -437,7 +448,7 @@ class Transformer(nn.Module):
         """Put a quantized matrix (``d3d.cpu.quant``) where the parameter ``name`` (ours, e.g.
         ``layers.0.mlp.down_proj.weight`` or ``embed_tokens.weight``) is: its module is replaced by a
         ``QuantLinear`` (keeping the bias) or a ``QuantEmbedding``."""
-        self._cpu_layers = None  # bound again when next asked
+        self._cpu_layers = self._greedy_head = None  # bound (built) again when next asked
         if name == "embed_tokens.weight":
             self.embed_tokens = QuantEmbedding(weight)
             return
@@ -498,6 +509,7 @@ class Transformer(nn.Module):
         hidden_layers: tuple[int, ...] = (),
         attn_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        greedy: bool = False,
     ):
         """Run one pass.
 
@@ -511,6 +523,8 @@ class Transformer(nn.Module):
         logits_index: ``[M]`` indices into the (flattened) tokens whose logits are wanted.
         hidden_layers: layer indices whose outputs are returned too (0 = embeddings, i = after
             layer i), in the order asked (repeats allowed), for DFlash-style conditioning.
+        greedy: only each row's argmax will be read (every row decodes greedily): where ``greedy_head`` applies, the
+            logits of the columns that can be a row's maximum, exact, and -inf elsewhere (the same argmax).
         Returns logits ``[T, V]`` / ``[B, S, V]`` (``[M, V]`` with logits_index), or
         ``(logits, [hidden ...])`` when ``hidden_layers`` is non-empty.
         """
@@ -535,7 +549,10 @@ class Transformer(nn.Module):
             cache.advance(layout)
         if logits_index is not None:
             x = x.reshape(-1, x.shape[-1]).index_select(0, logits_index)
-        logits = cpu_linear.linear(self.norm(x), self.output_weight())
+        x = self.norm(x)
+        fits = greedy and self.greedy_heads and x.dim() == 2 and 0 < len(x) <= GREEDY_ROWS and x.dtype == torch.float32
+        head = self.greedy_head() if fits else None
+        logits = head.logits(x) if head is not None else cpu_linear.linear(x, self.output_weight())
         if batch_shape is not None:
             logits = logits.view(*batch_shape, -1)
         return (logits, [hidden[i] for i in hidden_layers]) if hidden_layers else logits
