@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import d3d.cpu.greedy_head as greedy_head
-from d3d.cpu.greedy_head import GREEDY_ROWS, GreedyHead
+from d3d.cpu.greedy_head import GreedyHead
 from d3d.cpu.quant import QuantWeight, quantize
 from d3d.decode.config import SpecConfig
 from d3d.kernels import glue_cpu, quant as kernel
@@ -68,7 +68,7 @@ def with_q8_head(seed=0):
 
 
 def test_greedy_passes_take_it_and_decoding_is_unchanged(monkeypatch):
-    """In decoders: greedy passes of up to GREEDY_ROWS rows take the greedy head; ar and sync decode what they do
+    """In decoders: greedy passes of up to its ``rows`` rows take the greedy head; ar and sync decode what they do
     with the full head (and what plain greedy decoding does), token for token; sampling never takes it."""
     target = with_q8_head()
     drafter = random_drafter(target, 4, seed=5)
@@ -82,7 +82,7 @@ def test_greedy_passes_take_it_and_decoding_is_unchanged(monkeypatch):
         target.greedy_heads = True
         calls.clear()
         on = generate(target, prompts, max_new_tokens=12, spec=spec, drafter=drafter, stop_ids=[]).tokens
-        assert calls and max(calls) <= GREEDY_ROWS
+        assert calls and max(calls) <= target.greedy_head().rows
         target.greedy_heads = False
         assert on == generate(target, prompts, max_new_tokens=12, spec=spec, drafter=drafter, stop_ids=[]).tokens == want
     target.greedy_heads, calls[:] = True, []

@@ -14,8 +14,8 @@ A greedy pass needs the argmax of each row's logits, not the logits. The head of
    9,496 a row) are computed by the int8 kernel itself: the same bits as the full head.
 
 Every other column is set to -inf: each is below the row's maximum, so the argmax (lowest index on ties) is the full
-head's. Only for passes whose every row is greedy (``Transformer.forward(greedy=True)``) and of up to ``GREEDY_ROWS``
-rows; sampling needs the logits. It keeps the int6 copy beside the head (+103 MB for the 0.5B). Measured (the 0.5B on an
+head's. Only for passes whose every row is greedy (``Transformer.forward(greedy=True)``) and of up to ``rows`` rows
+(``GREEDY_ROWS``); sampling needs the logits. It keeps the int6 copy beside the head (+103 MB for the 0.5B). Measured (the 0.5B on an
 Intel Xeon: ar 1.07-1.10x, sync 1.01-1.06x on evaluation requests): docs/results/greedy-head/.
 """
 
@@ -27,7 +27,9 @@ from ..kernels import glue_cpu, quant as kernel
 from .quant import QuantWeight
 
 SHIFT = 2  # bits of each int8 weight left to the bounds: int6 values, 3 / 4 of a scale unit unknown
-GREEDY_ROWS = 4  # passes of up to this many rows take it (8 rows measured even, 16 slower: docs/results/greedy-head/)
+# passes of up to this many rows take it, by the int8 kernel that runs: with VNNI 8 rows measured even and 16 slower,
+# the AVX2 kernel 1.04-1.09x at 1-16 rows (a stand-in for an AVX2-only CPU; docs/results/greedy-head/)
+GREEDY_ROWS = {"vnni": 4, "avx2": 16}
 
 
 class GreedyHead:
@@ -42,6 +44,7 @@ class GreedyHead:
         self.w, self.n = w, w.out_features
         self.hi_q, self.hi_h = kernel.int6_to_panels(q >> SHIFT)  # [-32, 31]: the kernel's int6, with w's scales
         self.col_max = scale.amax(1).contiguous()  # [N]
+        self.rows = GREEDY_ROWS["vnni" if kernel.vnni_available() else "avx2"]  # the most rows a pass takes it for
 
     @staticmethod
     def fits(w) -> bool:

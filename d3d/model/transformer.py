@@ -28,7 +28,7 @@ from ..kernels import glue_cpu, layers_cpu, use_triton
 from ..kernels.attention import attend_torch, packed_attention
 from ..kernels.attention_cpu import CpuPlan, attend_cpu, fits
 from ..cpu.precision import WeightsChoice
-from ..cpu.greedy_head import GREEDY_ROWS, GreedyHead
+from ..cpu.greedy_head import GreedyHead
 from ..cpu.quant import QuantWeight, Stacked, is_quantized, quantize
 
 
@@ -550,8 +550,8 @@ class Transformer(nn.Module):
         if logits_index is not None:
             x = x.reshape(-1, x.shape[-1]).index_select(0, logits_index)
         x = self.norm(x)
-        fits = greedy and self.greedy_heads and x.dim() == 2 and 0 < len(x) <= GREEDY_ROWS and x.dtype == torch.float32
-        head = self.greedy_head() if fits else None
+        head = self.greedy_head() if greedy and self.greedy_heads and x.dim() == 2 and x.dtype == torch.float32 else None
+        head = head if head is not None and 0 < len(x) <= head.rows else None
         logits = head.logits(x) if head is not None else cpu_linear.linear(x, self.output_weight())
         if batch_shape is not None:
             logits = logits.view(*batch_shape, -1)

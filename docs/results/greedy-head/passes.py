@@ -1,9 +1,11 @@
 """One T-row pass of a real model, the full LM head against the greedy head (``d3d.cpu.greedy_head``), in turns on
 the same cache (200 tokens of a standard-library source, then T more of it), medians; every argmax checked equal,
-and the columns the greedy head computed exactly per row. Past ``GREEDY_ROWS`` (4) a greedy pass takes the full head
-as any other: passes.py sets it to 16 here so that the rows past it are timed too. Run from the repository root:
+and the columns the greedy head computed exactly per row. Past its ``rows`` (``GREEDY_ROWS``: 4 with the VNNI kernel) a
+greedy pass takes the full head as any other: set to 16 here so that every T is timed. Run from the repository root:
 
-    python docs/results/greedy-head/passes.py MODEL OUT.json [REPS]
+    python docs/results/greedy-head/passes.py MODEL OUT.json [REPS] [--avx2]
+
+``--avx2``: this CPU as a stand-in for an AVX2-only one (``docs/results/avx2-int8/stand_in.py``: the AVX2 int8 kernel).
 """
 import inspect
 import statistics
@@ -14,9 +16,15 @@ import torch
 
 import d3d
 from bench.common import machine, write_json
-from d3d.cpu import greedy_head
+from d3d.kernels import quant as kernel
 from d3d.fetch import resolve_model
 
+if "--avx2" in sys.argv:
+    sys.argv.remove("--avx2")
+    sys.path.insert(0, "docs/results/avx2-int8")
+    from stand_in import avx2_only  # noqa: E402
+
+    avx2_only()
 torch.set_grad_enabled(False)
 name, out_path = sys.argv[1:3]
 reps = int(sys.argv[3]) if len(sys.argv) > 3 else 21
@@ -26,12 +34,10 @@ ids = torch.tensor(tok.encode(open(inspect.getsourcefile(statistics)).read()[300
 ctx, Ts = 200, (1, 2, 4, 8, 16)
 cache = m.new_cache(1, ctx + max(Ts))
 m(ids[:ctx], cache.layout([ctx]), cache)
-greedy_head.GREEDY_ROWS = 16
-import d3d.model.transformer as transformer  # noqa: E402
-transformer.GREEDY_ROWS = 16
 head = m.greedy_head()
 if head is None:
     raise SystemExit(f"{name}: its LM head is not one the greedy head takes")
+rows, head.rows = head.rows, max(Ts)
 times, computed = {}, []
 for rep in range(reps):
     for T in Ts:
@@ -57,4 +63,4 @@ cols = {"median": c[len(c) // 2], "p90": c[int(len(c) * 0.9)], "max": c[-1], "ro
 print("columns computed exactly per row (T <= 4):", cols)
 write_json(out_path, {"bench": "greedy head against the full LM head, one pass", "machine": machine(), "model": name,
                       "context": ctx, "reps": reps, "summary": summary, "exact_columns": cols,
-                      "greedy_rows": greedy_head.GREEDY_ROWS})
+                      "greedy_rows": rows, "int8_kernel": kernel.int8_kernel().__name__})
