@@ -28,7 +28,7 @@ from .quant import QuantWeight
 
 SHIFT = 2  # bits of each int8 weight left to the bounds: int6 values, 3 / 4 of a scale unit unknown
 # passes of up to this many rows take it, by the int8 kernel that runs: with VNNI 8 rows measured even and 16 slower,
-# the AVX2 kernel 1.04-1.09x at 1-16 rows (a stand-in for an AVX2-only CPU; docs/results/greedy-head/)
+# the AVX2 kernel 1.02-1.11x at 1-16 rows (this Xeon standing in for an AVX2-only CPU; docs/results/greedy-head/)
 GREEDY_ROWS = {"vnni": 4, "avx2": 16}
 
 
@@ -50,7 +50,7 @@ class GreedyHead:
     def fits(w) -> bool:
         if not isinstance(w, QuantWeight) or w.bits != 8 or w.group != 32 or w.six or not w.int8_activations:
             return False
-        return bool((w.rowmajor()[1] >= 0).all())
+        return isinstance(w.scale, torch.Tensor) and bool((w.scale >= 0).all())  # the panels' (padding is 0)
 
     @property
     def nbytes(self) -> int:
