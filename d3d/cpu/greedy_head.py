@@ -7,16 +7,16 @@ A greedy pass needs the argmax of each row's logits, not the logits. The head of
    kernels' int6 panels, with the head's own scales) gives A_n, a quarter of every column's approximate logit, from 3/4
    of the bytes. With the activations quantized as the int8 kernels quantize them (qx, sx per group of 32: the same
    integers), a quarter of the exact logit lies in A_n + 3/4 sum_g s[n, g] sx_g [neg_g, pos_g] (neg_g, pos_g: the sums
-   of the negative and positive qx of group g), up to fp32 rounding, which ``margin`` bounds. ``glue_cpu.head_candidates``
-   bounds with each column's largest scale first (one multiply a column), then with every group's scale for the
-   columns left.
+   of the negative and positive qx of group g), up to fp32 rounding, which ``margin`` bounds.
+   ``glue_cpu.head_candidates`` bounds with each column's largest scale first (one multiply a column), then with
+   every group's scale for the columns left.
 2. **Exact.** The panels of 16 columns whose upper bound reaches the best lower bound (on real text a median of 14 of
    9,496 a row) are computed by the int8 kernel itself: the same bits as the full head.
 
 Every other column is set to -inf: each is below the row's maximum, so the argmax (lowest index on ties) is the full
 head's. Only for passes whose every row is greedy (``Transformer.forward(greedy=True)``) and of up to ``rows`` rows
-(``GREEDY_ROWS``); sampling needs the logits. It keeps the int6 copy beside the head (+103 MB for the 0.5B). Measured (the 0.5B on an
-Intel Xeon: ar 1.07-1.10x, sync 1.01-1.06x on evaluation requests): docs/results/greedy-head/.
+(``GREEDY_ROWS``); sampling needs the logits. It keeps the int6 copy beside the head (+103 MB for the 0.5B).
+Measured (the 0.5B on an Intel Xeon: ar 1.07-1.10x, sync 1.01-1.06x on evaluation requests): docs/results/greedy-head/.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class GreedyHead:
         self.hi_q, self.hi_h = kernel.int6_to_panels(q >> SHIFT)  # [-32, 31]: the kernel's int6, with w's scales
         self.col_max = scale.amax(1).contiguous()  # [N]
         self.rows = GREEDY_ROWS["vnni" if kernel.vnni_available() else "avx2"]  # the most rows a pass takes it for
+        self.approx = kernel.bound(self.hi_q, self.hi_h, w.scale, None, self.n, 32, 6, int8_activations=True)
 
     @staticmethod
     def fits(w) -> bool:
@@ -71,17 +72,17 @@ class GreedyHead:
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] fp32 -> [T, N]: the exact logits of the columns that can be a row's maximum, -inf elsewhere (the
         full head's logits where some approximation is NaN)."""
-        x, e, w = x.contiguous(), kernel._EMPTY, self.w
+        x, w = x.contiguous(), self.w
         # A / 4: the high bits h with w's own scales (a quarter of sum s sx 4 h, exactly); the exact logit lies in
         # 4 A + 3 sum_g s sx [neg, pos], so A + 3/4 of those bounds brackets a quarter of it
-        out = kernel.int8_kernel().matmul(x, self.hi_q, self.hi_h, w.scale, e, self.n, 32, 6, e, e)
+        out = self.approx(x)
         neg, pos, margin = self.sums(x)
         span = (2 ** SHIFT - 1) / 2 ** SHIFT
         panels = glue_cpu.head_candidates(out, self.col_max, w.scale, neg * span, pos * span, margin / 2 ** SHIFT)
         if panels is None:
             return w.linear(x)
-        exact = kernel.int8_kernel().matmul(x, w.q.index_select(0, panels), e, w.scale.index_select(0, panels), e,
-                                            len(panels) * kernel.PANEL, 32, 8, e, e)
+        exact = kernel.bound(w.q.index_select(0, panels), None, w.scale.index_select(0, panels), None,
+                             len(panels) * kernel.PANEL, 32, 8, int8_activations=True)(x)
         cols = (panels[:, None] * kernel.PANEL + torch.arange(kernel.PANEL)).flatten()
         inside = cols < self.n
         out[:, cols[inside]] = exact[:, inside]

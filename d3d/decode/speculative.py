@@ -134,13 +134,14 @@ class Verifier:
         ids = [t for j, s in enumerate(seqs) for t in [s.tokens[-1], *drafts[j], *(h.bonus for h in leaves[j])]]
         ids = torch.tensor(ids, device=self.target.device)
         rows, lens = [s.row for s in seqs], [len(d) + 1 + len(row) for d, row in zip(drafts, leaves)]
+        greedy = all_greedy(seqs)
         if not any(leaves):
-            return Verification(self.target, ids, self.tcache.layout(lens, rows, row_invariant=exact), self.tcache,
-                                all_greedy(seqs))
+            layout = self.tcache.layout(lens, rows, row_invariant=exact)
+            return Verification(self.target, ids, layout, self.tcache, greedy)
         g, r, p = zip(*(branches(self.tcache.lengths[i], len(d) + 1, [(h.accepted + 1, 1) for h in row])
                         for i, d, row in zip(rows, drafts, leaves)))
         layout = self.tcache.layout(lens, rows, groups=list(g), reach=list(r), positions=list(p))
-        return Verification(self.target, ids, layout, self.tcache, all_greedy(seqs))
+        return Verification(self.target, ids, layout, self.tcache, greedy)
 
     def judge(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], rnd: int,
               leaves: list[list[Hypothesis]] | None = None) -> list[Outcome]:

@@ -208,6 +208,42 @@ torch::Tensor argmax(const torch::Tensor& x) {
     return out;
 }
 
+// One row of approximate logits r [N]: its best lower bound by the columns' largest scales cm (lo <= 0: the row's
+// bound per unit of scale), or NaN where some r is NaN.
+float best_by_column_max(const float* r, const float* cm, int64_t N, float lo) {
+    const int64_t N8 = N / 8 * 8;
+    __m256 vb = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
+    const __m256 vlo = _mm256_set1_ps(lo);
+    for (int64_t n = 0; n < N8; n += 8) {
+        const __m256 v = _mm256_loadu_ps(r + n);
+        vb = _mm256_max_ps(vb, _mm256_add_ps(v, _mm256_mul_ps(vlo, _mm256_loadu_ps(cm + n))));
+        vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(vnan)) return NAN;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vb);
+    float best = *std::max_element(lanes, lanes + 8);
+    for (int64_t n = N8; n < N; ++n) {
+        if (r[n] != r[n]) return NAN;
+        best = std::max(best, r[n] + lo * cm[n]);
+    }
+    return best;
+}
+
+// The columns of that row whose upper bound by their largest scale (hi >= 0 per unit) reaches floor, into left.
+void reaching(const float* r, const float* cm, int64_t N, float hi, float floor, std::vector<int64_t>& left) {
+    const int64_t N8 = N / 8 * 8;
+    const __m256 vhi = _mm256_set1_ps(hi), vfloor = _mm256_set1_ps(floor);
+    left.clear();
+    for (int64_t n = 0; n < N8; n += 8) {
+        const __m256 u = _mm256_add_ps(_mm256_loadu_ps(r + n), _mm256_mul_ps(vhi, _mm256_loadu_ps(cm + n)));
+        for (int bits = _mm256_movemask_ps(_mm256_cmp_ps(u, vfloor, _CMP_GE_OQ)); bits; bits &= bits - 1)
+            left.push_back(n + __builtin_ctz(bits));
+    }
+    for (int64_t n = N8; n < N; ++n)
+        if (r[n] + hi * cm[n] >= floor) left.push_back(n);
+}
+
 // The greedy head's candidates (d3d.cpu.greedy_head): the panels of 16 columns that can hold a row's maximum. a [T, N]
 // the approximate logits, set to -inf on return (the caller writes the panels' exact logits); cmax [N] each column's
 // largest scale; s the scales as the kernels' panels [P, G, 16] (fp16 or fp32); neg, pos [T, G] (sx times the
@@ -219,11 +255,10 @@ py::object head_candidates(torch::Tensor a, const torch::Tensor& cmax, const tor
     for (const torch::Tensor* t : std::initializer_list<const torch::Tensor*>{&a, &cmax, &neg, &pos, &margin})
         TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kFloat32 && t->is_contiguous(),
                     "glue_cpu.head_candidates: a, cmax, neg, pos and margin must be contiguous CPU fp32 tensors");
-    const int64_t T = a.size(0), N = a.size(1), G = neg.size(1);
+    const int64_t T = a.size(0), N = a.size(1), G = neg.size(1), P = (N + 15) / 16;
     TORCH_CHECK(a.dim() == 2 && cmax.numel() == N && neg.size(0) == T && pos.sizes() == neg.sizes() &&
-                    margin.numel() == T && s.dim() == 3 && s.size(0) == (N + 15) / 16 && s.size(1) == G &&
-                    s.size(2) == 16 && s.is_contiguous() &&
-                    (s.scalar_type() == torch::kFloat32 || s.scalar_type() == torch::kHalf),
+                    margin.numel() == T && s.dim() == 3 && s.size(0) == P && s.size(1) == G && s.size(2) == 16 &&
+                    s.is_contiguous() && (s.scalar_type() == torch::kFloat32 || s.scalar_type() == torch::kHalf),
                 "glue_cpu.head_candidates: shapes a [T, N], cmax [N], s [ceil(N / 16), G, 16] fp32 or fp16, neg and "
                 "pos [T, G], margin [T]");
     float* ap = a.data_ptr<float>();
@@ -231,49 +266,24 @@ py::object head_candidates(torch::Tensor a, const torch::Tensor& cmax, const tor
                 *mg = margin.data_ptr<float>();
     const bool half = s.scalar_type() == torch::kHalf;
     const void* sv = s.data_ptr();
-    auto scale = [&](int64_t n, int64_t g) {  // s[n, g] from the panels
-        const int64_t i = ((n / 16) * G + g) * 16 + n % 16;
-        return half ? static_cast<float>(static_cast<const at::Half*>(sv)[i]) : static_cast<const float*>(sv)[i];
-    };
-    auto group_bound = [&](int64_t t, int64_t n, const float* v) {  // sum_g s[n, g] v[t, g]
+    auto group_bound = [&](int64_t t, int64_t n, const float* v) {  // sum_g s[n, g] v[t, g], s from the panels
         float b = 0.f;
-        for (int64_t g = 0; g < G; ++g) b += scale(n, g) * v[t * G + g];
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t i = ((n / 16) * G + g) * 16 + n % 16;
+            b += (half ? static_cast<float>(static_cast<const at::Half*>(sv)[i]) : static_cast<const float*>(sv)[i]) *
+                 v[t * G + g];
+        }
         return b;
     };
-    const int64_t P = (N + 15) / 16, N8 = N / 8 * 8;
     std::vector<uint8_t> marked(P, 0);
     std::vector<int64_t> left;
     for (int64_t t = 0; t < T; ++t) {
         const float* r = ap + t * N;
         float lo = 0.f, hi = 0.f;
         for (int64_t g = 0; g < G; ++g) lo += ng[t * G + g], hi += ps[t * G + g];
-        // the best lower bound by the columns' largest scales (lo <= 0), and whether some a is NaN
-        __m256 vb = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
-        const __m256 vlo = _mm256_set1_ps(lo);
-        for (int64_t n = 0; n < N8; n += 8) {
-            const __m256 v = _mm256_loadu_ps(r + n);
-            vb = _mm256_max_ps(vb, _mm256_add_ps(v, _mm256_mul_ps(vlo, _mm256_loadu_ps(cm + n))));
-            vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        }
-        if (_mm256_movemask_ps(vnan)) return py::none();
-        alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, vb);
-        float best = *std::max_element(lanes, lanes + 8);
-        for (int64_t n = N8; n < N; ++n) {
-            if (r[n] != r[n]) return py::none();
-            best = std::max(best, r[n] + lo * cm[n]);
-        }
-        // the columns whose upper bound by their largest scale reaches it
-        left.clear();
-        const float floor = best - 2 * mg[t];
-        const __m256 vhi = _mm256_set1_ps(hi), vfloor = _mm256_set1_ps(floor);
-        for (int64_t n = 0; n < N8; n += 8) {
-            const __m256 u = _mm256_add_ps(_mm256_loadu_ps(r + n), _mm256_mul_ps(vhi, _mm256_loadu_ps(cm + n)));
-            for (int bits = _mm256_movemask_ps(_mm256_cmp_ps(u, vfloor, _CMP_GE_OQ)); bits; bits &= bits - 1)
-                left.push_back(n + __builtin_ctz(bits));
-        }
-        for (int64_t n = N8; n < N; ++n)
-            if (r[n] + hi * cm[n] >= floor) left.push_back(n);
+        float best = best_by_column_max(r, cm, N, lo);
+        if (best != best) return py::none();
+        reaching(r, cm, N, hi, best - 2 * mg[t], left);
         // every group's scale for those: a better lower bound, then the columns that can still reach it
         for (int64_t n : left) best = std::max(best, r[n] + group_bound(t, n, ng));
         for (int64_t n : left)

@@ -1,6 +1,7 @@
 """The small ops between the matmuls of a CPU decoding pass, fused (``glue_cpu.cpp``): ``rms_norm``,
 ``rope_write`` (RoPE on q and k, and k and v into the KV cache), ``argmax`` (greedy tokens) and ``head_candidates``
-(which panels of an LM head can hold a row's maximum: ``d3d.cpu.greedy_head``).
+(which panels of an LM head can hold a row's maximum: ``d3d.cpu.greedy_head``; its reference is the full head, whose
+argmax and logits the greedy head's are tested against in ``tests/test_greedy_head.py``).
 
 Each is one call where torch runs a chain of small ops; every row is computed as alone. Torch
 references: ``d3d.model.transformer.rms_norm``'s fallback (torch's layer_norm), ``Attention``'s torch

@@ -294,8 +294,8 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& q, const torch
                                      int64_t N, float* y) {
 #define D3D_RUN(B, S) \
     if (bits == B && sc == S) run<B, S>(X, M, W, P, N, y);
-        D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(6, 0) D3D_RUN(6, 1) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1) D3D_RUN(4, 0) D3D_RUN(4, 1)
-        D3D_RUN(4, 2)
+        D3D_RUN(8, 0) D3D_RUN(8, 1) D3D_RUN(6, 0) D3D_RUN(6, 1) D3D_RUN(6, 2) D3D_RUN(5, 0) D3D_RUN(5, 1)
+        D3D_RUN(4, 0) D3D_RUN(4, 1) D3D_RUN(4, 2)
 #undef D3D_RUN
     });
 }

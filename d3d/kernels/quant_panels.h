@@ -41,7 +41,8 @@ struct Weights {
 
 // The panels of x [M, K] @ W^T, checked by name (``who``: the calling function). Two-level scales
 // (non-empty ``sd``): s and m int8 factors, sd and md their fp16 factors per ``per_d`` groups.
-// int6 (the VNNI kernel only, ``six``): q as int4's nibbles, h its high two bits [P, K/8, 32] (quant_vnni.cpp).
+// int6 (the int8-activation kernels, ``six``): q as int4's nibbles, h its high two bits [P, K/8, 32] (quant_vnni.cpp);
+// two-level scales (Q6_K's) or one per group (the greedy head's bounds, d3d.cpu.greedy_head).
 inline Weights checked(const char* who, const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
                        const torch::Tensor& s, const torch::Tensor& m, int64_t N, int64_t G, int64_t bits,
                        const torch::Tensor& sd = torch::Tensor(), const torch::Tensor& md = torch::Tensor(),
