@@ -102,6 +102,8 @@ def test_bundled_qwen_pair_is_lossless(weights, monkeypatch):
     tok = d3d.load_tokenizer(path)
     drafter = d3d.load_drafter(QWEN_DRAFTER, target=target)
     assert drafter.model.embed_tokens is target.embed_tokens  # it borrows from the 0.5B: here, the target itself
+    if target.quantized:  # its stored int8 layers and its copy of the head's rows, requantized (as_int4)
+        assert drafter.model.lm_head.weight.format == drafter.model.layers[0].mlp.down_proj.weight.format == "int4"
     prompts = load_prompt_set("humaneval", tok, 2, chat=True)
     ar = d3d.generate(target, prompts, max_new_tokens=48, stop_ids=tok.stop_token_ids())
     hits = copies = 0

@@ -440,14 +440,15 @@ def check_speculative_equals_ar(target):
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_bundled_pair_quantized_is_lossless(fmt, activations, monkeypatch):
     """The bundled target and drafter quantized at load: every mode's greedy output equals AR on the
-    same weights, and the drafter follows the target's format."""
+    same weights; the drafter shares the target's embedding and holds its layers in int4 (``as_int4``)."""
     from pathlib import Path
 
     models = Path(__file__).resolve().parents[1] / "models"
     monkeypatch.setenv("D3D_QUANT_ACTIVATIONS", activations)
     target = d3d.load_model(models / "target-16m", weights=fmt)
     drafter = d3d.load_drafter(models / "d3d-drafter-16m", target=target)
-    assert target.weights == fmt and drafter.model.weights == fmt and target.dtype == torch.float32
+    assert target.weights == fmt and target.dtype == torch.float32
+    assert drafter.model.weights == ("int4" if fmt == "int4" else f"{fmt}+int4")
     tok = d3d.load_tokenizer(models / "target-16m")
     prompts = [tok.encode("import os\n\n\ndef read_lines(path):\n    "), tok.encode("class Config:\n")]
     ref = d3d.generate(target, prompts, max_new_tokens=40, stop_ids=[]).tokens
@@ -555,8 +556,11 @@ def test_int5_widens_to_the_same_int8_weights():
 
 @needs_kernel
 def test_legacy_int8_drafter_keeps_its_own_scales(tmp_path):
-    """A drafter saved as int8 (per-row scales) loads beside a quantized target with exactly the
-    values its dense load dequantizes to: no second quantization."""
+    """A drafter saved as int8 (per-row scales) loads as int8 (asked for) beside a quantized target with exactly
+    the values its dense load dequantizes to: no second quantization; by default (``as_int4``) as int4 quantized
+    from those values."""
+    from d3d.cpu.quant import quantize
+
     from pathlib import Path
 
     models = Path(__file__).resolve().parents[1] / "models"
@@ -564,11 +568,13 @@ def test_legacy_int8_drafter_keeps_its_own_scales(tmp_path):
     dense_target = d3d.load_model(models / "target-16m", weights="fp32")
     src = d3d.load_drafter(models / "d3d-drafter-16m", target=dense_target)
     d3d.save_drafter(src, tmp_path / "d", int8=True)
-    q = d3d.load_drafter(tmp_path / "d", target=target)
+    q = d3d.load_drafter(tmp_path / "d", target=target, weights="int8")
     dq = d3d.load_drafter(tmp_path / "d", target=dense_target)
     w = q.model.layers[0].mlp.down_proj.weight
     assert isinstance(w, QuantWeight) and w.group == w.in_features
     assert torch.equal(w.dequantize(), dq.model.layers[0].mlp.down_proj.weight)
+    w4 = d3d.load_drafter(tmp_path / "d", target=target).model.layers[0].mlp.down_proj.weight
+    assert w4.format == "int4" and torch.equal(w4.dequantize(), quantize(w.dequantize(), "int4").dequantize())
 
 
 # ---------------------------------------------------------------- the Triton kernel (GPUs)

@@ -67,6 +67,30 @@ def test_weights_choice_is_the_models_own():
     assert drafter.model.dtype == torch.float32 and not drafter.model.quantized
 
 
+def test_a_drafter_beside_a_quantized_target_holds_int4():
+    """``weights="auto"`` beside a quantized target (int8 or int4 alike): the drafter's layers are int4 in groups of
+    32 (``as_int4``; the embedding it shares stays the target's), its greedy output through sync equal to ar's;
+    asked for int8, they are int8."""
+    from d3d.model.transformer import QuantLinear
+
+    def layers(drafter):
+        return [m.weight for n, m in drafter.model.named_modules()
+                if isinstance(m, QuantLinear) and n.startswith("layers.")]
+
+    for word in ("int8", "int4"):
+        target = d3d.load_model(bundled(BUNDLED_TARGET), weights=word)
+        drafter = d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=target)
+        assert drafter.model.embed_tokens is target.embed_tokens
+        assert drafter.model.weights_choice == precision.WeightsChoice(
+            "int4", f"follows the target ({word}); int4 beside a quantized target")
+        assert layers(drafter) and all(w.format == "int4" and w.group == 32 for w in layers(drafter))
+        ids = list(range(5, 30))
+        assert d3d.generate(target, ids, max_new_tokens=24, stop_ids=[], drafter=drafter, spec="sync").tokens \
+            == d3d.generate(target, ids, max_new_tokens=24, stop_ids=[]).tokens
+    asked = d3d.load_drafter(bundled(BUNDLED_DRAFTER), target=target, weights="int8")
+    assert all(w.format == "int8" for w in layers(asked))
+
+
 def test_load_drafter_takes_load_models_words_and_errors(monkeypatch):
     target = d3d.load_model(bundled(BUNDLED_TARGET), weights="fp32")
     with pytest.raises(ValueError, match="weights='int3': expected one of auto, dense, fp32"):

@@ -1,17 +1,17 @@
-"""Hindsight probes and copies calibrated per sequence, for one sequence: sync with and without them, over ar. Decoded tokens per second (prefill
-excluded) over ar's, medians of per-request ratios, τ, and per sync run the probes of drafting that a forecast
-skipped; every output must equal ar's. The runs of a request take turns, the order reversed every other request.
-Run from the repository root:
+"""Hindsight probes and copies calibrated per sequence, for one sequence: sync with and without them, over ar
+(needs ``hindsight.patch`` applied). Decoded tokens per second (prefill excluded) over ar's, medians of per-request
+ratios, τ, and per sync run the probes of drafting that a forecast skipped; every output must equal ar's. The runs
+of a request take turns, the order reversed every other request. Run from the repository root:
 
     python docs/results/hindsight/validate.py MODEL SETS OUT.json [--runs RUN ...] [--reps N]
 
-SETS, comma-separated. Validation, what the choice was made on: ``code``, ``explain`` (8 validation requests each, as
-cut-batch1/validate.py), ``mtbench`` (its 8 validation questions), ``mtbench-wide`` (questions 20-35, where the copies' losses were
-seen), ``long`` (draft-window's 4 validation long
-prompts). Evaluation, reported only: ``humaneval`` (8 chat requests), ``mtbench-eval`` (8 questions outside validation's),
-``library`` (8 requests about held-out library functions). RUN: ``ar``; ``on`` (the defaults); ``off``
-(no hindsight: every probe of drafting runs); ``static-copies`` (every copy's first token estimated at the offline
-59%); ``before`` (both); ``blocks=N`` (hindsight passes of N blocks).
+SETS, comma-separated. Validation, what the choice was made on: ``code``, ``explain`` (8 validation requests each,
+as cut-batch1/validate.py), ``mtbench`` (its 8 validation questions), ``mtbench-wide`` (questions 20-35, where the
+copies' losses were seen), ``long`` (draft-window's 4 validation long prompts). Evaluation, reported only:
+``humaneval`` (8 chat requests), ``mtbench-eval`` (8 questions outside validation's), ``library`` (8 requests about
+held-out library functions). RUN: ``ar``; ``on`` (the defaults); ``off`` (no hindsight: every probe of drafting
+runs); ``static-copies`` (every copy's first token estimated at the offline 59%); ``before`` (both); ``blocks=N``
+(hindsight passes of N blocks).
 """
 import sys
 

@@ -1,0 +1,94 @@
+"""The drafter's matrices in int4 (groups of 32, requantized from the stored int8 at load) against int8, beside the
+real quantized target: sync's defaults over ar, decoded tokens per second (prefill excluded), medians of per-request
+ratios, τ, and the drafter's seconds a pass; every output must equal ar's. The runs of a request take turns, the
+order reversed every other request. Run from the repository root:
+
+    python docs/results/drafter-int4/validate.py MODEL SETS OUT.json [--reps N] [--runs RUN ...]
+
+SETS, comma-separated. Validation: ``code``, ``explain`` (8 validation requests each, as cut-batch1/validate.py),
+``mtbench`` (its 8 validation questions). Evaluation, reported only: ``humaneval`` (8 chat requests),
+``mtbench-eval`` (questions 0-5, 10, 11), ``library`` (8 requests about held-out library functions).
+RUN: ``ar``, ``int8`` (the drafter's matrices int8), ``int4`` (all int4), ``int4-body`` (its layers int4, the head
+int8).
+"""
+import statistics
+import sys
+
+import torch
+
+import d3d
+from bench.common import machine, print_runs_over_ar, runs_over_ar, write_json
+from d3d.assets import models_dir
+from d3d.cpu.quant import quantize
+from d3d.data.corpus import training_corpus
+from d3d.data.prompts import load_prompt_set, mtbench_prompts
+from d3d.draft.drafter import load_drafter
+from d3d.fetch import resolve_model
+from d3d.model.transformer import QuantLinear
+from d3d.train.chat_data import chat_prompts
+
+MTBENCH = {"mtbench": [6, 7, 8, 9, 61, 65, 71, 75], "mtbench-eval": [0, 1, 2, 3, 4, 5, 10, 11]}
+torch.set_grad_enabled(False)
+name, wanted, out_path = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+args = sys.argv[4:]
+reps = int(args[args.index("--reps") + 1]) if "--reps" in args else 1
+runs = args[args.index("--runs") + 1:] if "--runs" in args else ["ar", "int8", "int4"]
+runs = [r for r in runs if r != "--reps" and not r.isdigit()]
+path = resolve_model(name)
+target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
+corpus = training_corpus(path)
+
+
+def drafter(how: str):
+    d = load_drafter(models_dir() / "d3d-drafter-qwen2.5-coder-0.5b", target=target, weights="int8")
+    for n, mod in list(d.model.named_modules()):
+        if how != "int8" and isinstance(mod, QuantLinear) and (n.startswith("layers")
+                                                               or how == "int4" and n == "lm_head"):
+            d.model.set_weight(n + ".weight", quantize(mod.weight.dequantize(), "int4"))
+    return d
+
+
+drafters = {r: drafter(r) for r in runs if r != "ar"}
+sets = {}
+for s in wanted:
+    if s in ("code", "explain"):
+        sets[s] = chat_prompts(tok, corpus, 0.05, 8, "validation", seed=1234, templates=1, explain=s == "explain")
+    elif s in MTBENCH:
+        sets[s] = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}]) for i in MTBENCH[s]]
+    elif s == "humaneval":
+        sets[s] = load_prompt_set(s, tok, 8, chat=True)
+    elif s == "library":
+        sets[s] = chat_prompts(tok, corpus, 0.05, 8, "evaluation", seed=1234, templates=1)
+    else:
+        raise SystemExit(f"SETS: unknown set {s!r} (code, explain, mtbench, humaneval, mtbench-eval, library)")
+tok_s = {s: {r: [] for r in runs} for s in sets}
+tau = {s: {r: [] for r in runs} for s in sets}
+pass_ms = {s: {r: [] for r in drafters} for s in sets}
+for rep in range(reps):
+    for s, prompts in sets.items():
+        for i, p in enumerate(prompts):
+            outs = {}
+            for r in (runs if (i + rep) % 2 == 0 else runs[::-1]):
+                out = d3d.generate(target, p, max_new_tokens=128, spec="ar" if r == "ar" else "sync",
+                                   drafter=drafters.get(r), stop_ids=tok.stop_token_ids())
+                outs[r], st = out.tokens[0], out.stats
+                tok_s[s][r].append(st.total_generated / st.decode_seconds)
+                tau[s][r].append(st.tau)
+                if r in drafters and st.drafter_forwards:
+                    pass_ms[s][r].append(1e3 * st.draft_seconds / st.drafter_forwards)
+            if any(o != outs["ar"] for o in outs.values()):
+                raise SystemExit(f"{s} request {i}: an output differs from ar's")
+            print(f"rep {rep + 1} {s} {i + 1}/{len(prompts)}", {r: round(v[-1], 1) for r, v in tok_s[s].items()},
+                  file=sys.stderr, flush=True)
+summary = {s: runs_over_ar(tok_s[s], tau[s]) for s in sets}
+for s in sets:
+    print_runs_over_ar(s, summary[s])
+    for r in drafters:
+        pr = [a / b for a, b in zip(tok_s[s][r], tok_s[s]["int8"])] if "int8" in drafters else []
+        summary[s][r]["median_pass_ms"] = round(statistics.median(pass_ms[s][r]), 3) if pass_ms[s][r] else None
+        summary[s][r]["median_over_int8"] = round(statistics.median(pr), 3) if pr else None
+        print(f"{s:9} {r:9} drafter pass {summary[s][r]['median_pass_ms']} ms, over int8 "
+              f"{summary[s][r]['median_over_int8']}")
+write_json(out_path, {"bench": "drafter int4 vs int8, one sequence", "machine": machine(), "model": name,
+                      "sets": {s: len(p) for s, p in sets.items()}, "reps": reps, "new_tokens": 128,
+                      "decode_only": True, "summary": summary, "tok_s": tok_s, "tau": tau, "pass_ms": pass_ms})
