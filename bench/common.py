@@ -119,6 +119,53 @@ def runs_over_ar(tok_s: dict[str, list[float]], tau: dict[str, list[float]]) -> 
     return out
 
 
+# MT-Bench questions kept for choosing (validation) and for reporting (evaluation; bench llamacpp asks the first 4)
+MTBENCH_SETS = {"mtbench": [6, 7, 8, 9, 61, 65, 71, 75], "mtbench-eval": [0, 1, 2, 3, 4, 5, 10, 11]}
+REQUEST_SETS = ("code", "explain", "mtbench", "humaneval", "mtbench-eval", "library")
+
+
+def request_sets(tok, path, names: list[str]) -> dict[str, list[list[int]]]:
+    """The results scripts' chat requests by set name: validation, where choices are made, ``code`` and ``explain``
+    (8 each, about the trainer's validation functions) and ``mtbench`` (its 8 validation questions); evaluation,
+    reported only, ``humaneval`` (8), ``mtbench-eval`` (questions 0-5, 10, 11) and ``library`` (8 about held-out
+    library functions). ``path``: the target's directory (its training corpus)."""
+    from d3d.data.corpus import training_corpus
+    from d3d.data.prompts import load_prompt_set, mtbench_prompts
+    from d3d.train.chat_data import chat_prompts
+
+    sets = {}
+    for s in names:
+        if s in ("code", "explain", "library"):
+            split = "evaluation" if s == "library" else "validation"
+            sets[s] = chat_prompts(tok, training_corpus(path), 0.05, 8, split, seed=1234, templates=1,
+                                   explain=s == "explain")
+        elif s in MTBENCH_SETS:
+            questions = mtbench_prompts()
+            sets[s] = [tok.encode_chat([{"role": "user", "content": questions[i]}]) for i in MTBENCH_SETS[s]]
+        elif s == "humaneval":
+            sets[s] = load_prompt_set(s, tok, 8, chat=True)
+        else:
+            raise SystemExit(f"SETS: unknown set {s!r} ({', '.join(REQUEST_SETS)})")
+    return sets
+
+
+def turns(sets: dict, runs: list[str], reps: int):
+    """(repetition, set, request index, prompt, the runs in their order): each request's runs take turns, the order
+    reversed every other request and repetition."""
+    for rep in range(reps):
+        for s, prompts in sets.items():
+            for i, p in enumerate(prompts):
+                yield rep, s, i, p, runs if (i + rep) % 2 == 0 else runs[::-1]
+
+
+def request_done(outs: dict, tok_s: dict, what: str) -> None:
+    """After one request's runs (``outs``: run -> its tokens, ``"ar"`` among them): stop if any output differs from
+    ar's, else print the runs' last tok/s (``tok_s``: run -> list) after ``what``, on stderr."""
+    if any(o != outs["ar"] for o in outs.values()):
+        raise SystemExit(f"{what}: an output differs from ar's")
+    print(what, {r: round(v[-1], 1) for r, v in tok_s.items()}, file=sys.stderr, flush=True)
+
+
 def print_runs_over_ar(name: str, summary: dict) -> None:
     """``runs_over_ar``'s summary of the set ``name``, one line a run."""
     for r, v in summary.items():

@@ -36,6 +36,13 @@ def avx2_only(fp32_activations: bool = False) -> None:
         kq.bound = bound
 
 
+def avx2_from_argv() -> None:
+    """``--avx2`` in sys.argv (taken out of it): this CPU as an AVX2-only one (``avx2_only``)."""
+    if "--avx2" in sys.argv:
+        sys.argv.remove("--avx2")
+        avx2_only()
+
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
     fp32 = "--fp32-activations" in argv

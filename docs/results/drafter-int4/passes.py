@@ -10,14 +10,12 @@ import statistics
 import sys
 import time
 
-if "--avx2" in sys.argv:
-    sys.argv.remove("--avx2")
-    sys.path.insert(0, "docs/results/avx2-int8")
-    from stand_in import avx2_only  # noqa: E402
+import torch
 
-    avx2_only()
-import torch  # noqa: E402
+sys.path.insert(0, "docs/results/avx2-int8")
+from stand_in import avx2_from_argv  # noqa: E402
 
+avx2_from_argv()
 import d3d  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
 from d3d.assets import models_dir  # noqa: E402

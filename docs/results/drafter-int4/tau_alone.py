@@ -10,12 +10,10 @@ import sys
 import torch
 
 import d3d
-from bench.common import machine, write_json
+from bench.common import machine, request_sets, write_json
 from d3d.assets import models_dir
-from d3d.data.corpus import training_corpus
 from d3d.draft.drafter import load_drafter
 from d3d.fetch import resolve_model
-from d3d.train.chat_data import chat_prompts
 
 torch.set_grad_enabled(False)
 name, out_path = sys.argv[1:3]
@@ -23,10 +21,8 @@ path = resolve_model(name)
 target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 dpath = models_dir() / "d3d-drafter-qwen2.5-coder-0.5b"
 drafters = {"int8": load_drafter(dpath, target=target, weights="int8"), "int4": load_drafter(dpath, target=target)}
-corpus = training_corpus(path)
 result = {}
-for s in ("code", "explain"):
-    prompts = chat_prompts(tok, corpus, 0.05, 8, "validation", seed=1234, templates=1, explain=s == "explain")
+for s, prompts in request_sets(tok, path, ["code", "explain"]).items():
     runs = {w: [] for w in drafters}
     for p in prompts:
         for w, d in drafters.items():

@@ -17,26 +17,21 @@ import sys
 import torch
 
 import d3d
-from bench.common import machine, print_runs_over_ar, runs_over_ar, write_json
+from bench.common import machine, print_runs_over_ar, request_done, request_sets, runs_over_ar, turns, write_json
 from d3d.assets import models_dir
 from d3d.cpu.quant import quantize
-from d3d.data.corpus import training_corpus
-from d3d.data.prompts import load_prompt_set, mtbench_prompts
 from d3d.draft.drafter import load_drafter
 from d3d.fetch import resolve_model
 from d3d.model.transformer import QuantLinear
-from d3d.train.chat_data import chat_prompts
 
-MTBENCH = {"mtbench": [6, 7, 8, 9, 61, 65, 71, 75], "mtbench-eval": [0, 1, 2, 3, 4, 5, 10, 11]}
 torch.set_grad_enabled(False)
-name, wanted, out_path = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
-args = sys.argv[4:]
+name, wanted, out_path, *args = sys.argv[1:]
 reps = int(args[args.index("--reps") + 1]) if "--reps" in args else 1
-runs = args[args.index("--runs") + 1:] if "--runs" in args else ["ar", "int8", "int4"]
-runs = [r for r in runs if r != "--reps" and not r.isdigit()]
+runs = [r for r in args[args.index("--runs") + 1:] if r != "--reps" and not r.isdigit()] if "--runs" in args \
+    else ["ar", "int8", "int4"]
 path = resolve_model(name)
 target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
-corpus = training_corpus(path)
+sets = request_sets(tok, path, wanted.split(","))
 
 
 def drafter(how: str):
@@ -49,37 +44,20 @@ def drafter(how: str):
 
 
 drafters = {r: drafter(r) for r in runs if r != "ar"}
-sets = {}
-for s in wanted:
-    if s in ("code", "explain"):
-        sets[s] = chat_prompts(tok, corpus, 0.05, 8, "validation", seed=1234, templates=1, explain=s == "explain")
-    elif s in MTBENCH:
-        sets[s] = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}]) for i in MTBENCH[s]]
-    elif s == "humaneval":
-        sets[s] = load_prompt_set(s, tok, 8, chat=True)
-    elif s == "library":
-        sets[s] = chat_prompts(tok, corpus, 0.05, 8, "evaluation", seed=1234, templates=1)
-    else:
-        raise SystemExit(f"SETS: unknown set {s!r} (code, explain, mtbench, humaneval, mtbench-eval, library)")
 tok_s = {s: {r: [] for r in runs} for s in sets}
 tau = {s: {r: [] for r in runs} for s in sets}
 pass_ms = {s: {r: [] for r in drafters} for s in sets}
-for rep in range(reps):
-    for s, prompts in sets.items():
-        for i, p in enumerate(prompts):
-            outs = {}
-            for r in (runs if (i + rep) % 2 == 0 else runs[::-1]):
-                out = d3d.generate(target, p, max_new_tokens=128, spec="ar" if r == "ar" else "sync",
-                                   drafter=drafters.get(r), stop_ids=tok.stop_token_ids())
-                outs[r], st = out.tokens[0], out.stats
-                tok_s[s][r].append(st.total_generated / st.decode_seconds)
-                tau[s][r].append(st.tau)
-                if r in drafters and st.drafter_forwards:
-                    pass_ms[s][r].append(1e3 * st.draft_seconds / st.drafter_forwards)
-            if any(o != outs["ar"] for o in outs.values()):
-                raise SystemExit(f"{s} request {i}: an output differs from ar's")
-            print(f"rep {rep + 1} {s} {i + 1}/{len(prompts)}", {r: round(v[-1], 1) for r, v in tok_s[s].items()},
-                  file=sys.stderr, flush=True)
+for rep, s, i, p, order in turns(sets, runs, reps):
+    outs = {}
+    for r in order:
+        out = d3d.generate(target, p, max_new_tokens=128, spec="ar" if r == "ar" else "sync", drafter=drafters.get(r),
+                           stop_ids=tok.stop_token_ids())
+        outs[r], st = out.tokens[0], out.stats
+        tok_s[s][r].append(st.total_generated / st.decode_seconds)
+        tau[s][r].append(st.tau)
+        if r in drafters and st.drafter_forwards:
+            pass_ms[s][r].append(1e3 * st.draft_seconds / st.drafter_forwards)
+    request_done(outs, tok_s[s], f"rep {rep + 1} {s} {i + 1}/{len(sets[s])}")
 summary = {s: runs_over_ar(tok_s[s], tau[s]) for s in sets}
 for s in sets:
     print_runs_over_ar(s, summary[s])
