@@ -385,6 +385,13 @@ class Transformer(nn.Module):
             self._greedy_head = GreedyHead(w) if GreedyHead.fits(w) and glue_cpu.available() else False
         return self._greedy_head or None
 
+    def _greedy_head_for(self, x: torch.Tensor) -> "GreedyHead | None":
+        """``greedy_head`` for a greedy pass's final hidden rows ``x`` (fp32 [T, K]) where it takes their count."""
+        if not self.greedy_heads or x.dim() != 2 or x.dtype != torch.float32:
+            return None
+        head = self.greedy_head()
+        return head if head is not None and 0 < len(x) <= head.rows else None
+
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
@@ -550,8 +557,7 @@ class Transformer(nn.Module):
         if logits_index is not None:
             x = x.reshape(-1, x.shape[-1]).index_select(0, logits_index)
         x = self.norm(x)
-        head = self.greedy_head() if greedy and self.greedy_heads and x.dim() == 2 and x.dtype == torch.float32 else None
-        head = head if head is not None and 0 < len(x) <= head.rows else None
+        head = self._greedy_head_for(x) if greedy else None
         logits = head.logits(x) if head is not None else cpu_linear.linear(x, self.output_weight())
         if batch_shape is not None:
             logits = logits.view(*batch_shape, -1)
