@@ -60,19 +60,30 @@ def qwen2_model(qk_norm: bool = False, seed: int = 0) -> Transformer:
     return model
 
 
-def both_ways(model, cache, ids, layout_args):
-    """Logits and the caches after one pass, the Python layers' and the one call's (from the same cache state)."""
-    saved = ([k.clone() for k in cache.k], [v.clone() for v in cache.v], list(cache.lengths))
-    out = []
+def snapshot(cache):
+    """A function that puts ``cache`` back as it is now."""
+    k, v, lengths = [t.clone() for t in cache.k], [t.clone() for t in cache.v], list(cache.lengths)
+
+    def restore():
+        for t, s in zip(cache.k + cache.v, k + v):
+            t.copy_(s)
+        cache.lengths = list(lengths)
+
+    return restore
+
+
+def both_ways(model, cache, ids, layout_args, logits_index=None):
+    """Logits and the caches after one pass, the Python layers' and the one call's (from the same cache state,
+    which the cache is left in)."""
+    restore, out = snapshot(cache), []
     for fused in (False, True):
         model.cpu_layers = fused
-        for t, s in zip(cache.k + cache.v, saved[0] + saved[1]):
-            t.copy_(s)
-        cache.lengths = list(saved[2])
+        restore()
         with torch.inference_mode():
-            logits = model(ids, cache.layout(*layout_args), cache)
+            logits = model(ids, cache.layout(*layout_args), cache, logits_index=logits_index)
         out.append((logits, [k.clone() for k in cache.k], [v.clone() for v in cache.v]))
     model.cpu_layers = True
+    restore()
     return out
 
 
@@ -85,13 +96,24 @@ def check_passes(model, vocab: int) -> None:
         model(torch.randint(0, vocab, (40,), generator=g), cache.layout([17, 23], rows=[0, 2]), cache)
     passes = [([1], [0]), ([5], [2]), ([16], [0]), ([3, 1, 2], [0, 1, 2]),  # rows of one and of many
               ([4, 4], [2, 0], [[0, 1, 1, 1], [0, 0, 1, 2]]),  # drafter blocks: group ids
-              ([6], [1], [[0, 0, 1, 1, 2, 2]], False, [[0, 0, 1, 1, 1, 1]])]  # ... and reach
+              ([6], [1], [[0, 0, 1, 1, 2, 2]], False, [[0, 0, 1, 1, 1, 1]]),  # ... and reach
+              ([70], [1])]  # a prefill's rows (SDPA, the Python layers both ways)
     for args in passes:
         ids = torch.randint(0, vocab, (sum(args[0]),), generator=g)
         (a, ka, va), (b, kb, vb) = both_ways(model, cache, ids, args)
         assert torch.isfinite(a).all()
         assert torch.equal(a, b), args
         assert all(torch.equal(x, y) for x, y in zip(ka + va, kb + vb)), args
+        # only some rows' logits (out of order, one twice): the last layer carries those alone past attention,
+        # both ways, with the bits of every row carried through (asking for the last layer's output does that)
+        want = torch.tensor([len(ids) - 1, 0, len(ids) - 1][: len(ids) + 1])
+        restore = snapshot(cache)
+        with torch.inference_mode():
+            full = model(ids, cache.layout(*args), cache, logits_index=want, hidden_layers=(len(model.layers),))[0]
+        restore()
+        for logits, k, v in both_ways(model, cache, ids, args, want):
+            assert torch.equal(logits, full), args
+            assert all(torch.equal(x, y) for x, y in zip(k + v, ka + va)), args
         with torch.inference_mode():  # keep going from there: later passes see more context
             model(ids, cache.layout(*args), cache)
     assert model._cpu_layers  # the one call ran (it was not silently left out)

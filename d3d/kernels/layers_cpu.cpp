@@ -125,10 +125,11 @@ class Layers {
 
     // x [T, d] (fp32, or bf16 for oneDNN weights) after every layer; cos/sin [T, D] at the tokens' positions;
     // k/v: each layer's cache; write_rows/slots: where each token's k and v go; rows/nkeys/first/mask: attend_cpu's
-    // plan.
+    // plan; keep: the rows the last layer carries on past attention, in this order (the others only write their
+    // K/V), or none: every row.
     Tensor run(Tensor x, const Tensor& cos, const Tensor& sin, std::vector<Tensor> k, std::vector<Tensor> v,
                const Tensor& write_rows, const Tensor& slots, const Tensor& rows, const Tensor& nkeys,
-               const Tensor& first, const Tensor& mask, double scale) const {
+               const Tensor& first, const Tensor& mask, double scale, const c10::optional<Tensor>& keep) const {
         const int64_t L = size();
         TORCH_CHECK(static_cast<int64_t>(k.size()) == L && static_cast<int64_t>(v.size()) == L,
                     "layers_cpu.run: ", L, " layers but ", k.size(), " k and ", v.size(), " v caches");
@@ -144,8 +145,12 @@ class Layers {
                 qkv = torch::cat({qk.view({T, QK}), qkv.narrow(1, QK, Hkv_ * D_)}, 1);
             }
             Tensor q = rope_(qkv, cos, sin, k[i], v[i], write_rows, slots, H_, Hkv_);
-            Tensor a = attend_(q, k[i], v[i], rows, nkeys, first, mask, scale, 0, 0);
-            x = x + l.proj[1].apply(k_, a.reshape({T, H_ * D_}).to(x.scalar_type()));
+            Tensor a = attend_(q, k[i], v[i], rows, nkeys, first, mask, scale, 0, 0).reshape({T, H_ * D_});
+            if (keep.has_value() && i == L - 1) {  // DecoderLayer.forward's keep
+                a = a.index_select(0, *keep);
+                x = x.index_select(0, *keep);
+            }
+            x = x + l.proj[1].apply(k_, a.to(x.scalar_type()));
             auto gate_up = l.proj[2].apply(k_, rms_(x, l.post_norm, eps_)).chunk(2, -1);
             x = x + l.proj[3].apply(k_, torch::silu(gate_up[0]) * gate_up[1]);
         }
@@ -177,5 +182,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         // without the GIL: a pass takes milliseconds, and a server's other threads go on meanwhile
         .def("run", &Layers::run, "x after every layer (see the top)", py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k"), py::arg("v"), py::arg("write_rows"), py::arg("slots"), py::arg("rows"), py::arg("nkeys"),
-             py::arg("first"), py::arg("mask"), py::arg("scale"), py::call_guard<py::gil_scoped_release>());
+             py::arg("first"), py::arg("mask"), py::arg("scale"), py::arg("keep") = py::none(),
+             py::call_guard<py::gil_scoped_release>());
 }

@@ -210,8 +210,9 @@ class Attention(nn.Module):
                 and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled()
                 and self.head_dim % 2 == 0 and glue_cpu.available())
 
-    def forward(self, x, cos, sin, layout: PassLayout | None, k_cache=None, v_cache=None, attn_mask=None):
-        """x: [T, d] packed (with ``layout``) or [B, S, d] dense (training: causal or ``attn_mask``)."""
+    def forward(self, x, cos, sin, layout: PassLayout | None, k_cache=None, v_cache=None, attn_mask=None, keep=None):
+        """x: [T, d] packed (with ``layout``) or [B, S, d] dense (training: causal or ``attn_mask``). ``keep``
+        (packed): the rows whose output is wanted, in this order (every row's K/V is still written)."""
         shape = x.shape[:-1]
         if k_cache is not None and self.fused_rope_write(x, k_cache):  # CPU decoding: one call, the same bits
             D = self.head_dim
@@ -244,7 +245,8 @@ class Attention(nn.Module):
                 else:
                     plan = layout.sdpa_plan() if isinstance(plan, CpuPlan) else plan
                     out = attend_torch(q, None, None, k_cache, v_cache, plan, self.head_dim ** -0.5)
-        return self.o_proj(out.reshape(*shape, self.cfg.q_size).to(x.dtype))
+        out = out.reshape(*shape, self.cfg.q_size)
+        return self.o_proj((out if keep is None else out.index_select(0, keep)).to(x.dtype))
 
 
 class MLP(nn.Module):
@@ -268,8 +270,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, layout, k_cache=None, v_cache=None, attn_mask=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layout, k_cache, v_cache, attn_mask)
+    def forward(self, x, cos, sin, layout, k_cache=None, v_cache=None, attn_mask=None, keep=None):
+        """``keep`` (packed passes): only these rows go on past attention (``Transformer.forward``'s last layer)."""
+        h = self.self_attn(self.input_layernorm(x), cos, sin, layout, k_cache, v_cache, attn_mask, keep)
+        x = (x if keep is None else x.index_select(0, keep)) + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -507,6 +511,16 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids has {input_ids.shape[0]} tokens, layout describes {layout.num_tokens}")
         return input_ids, layout, cos[layout.positions].unsqueeze(1), sin[layout.positions].unsqueeze(1), attn_mask
 
+    def _last_layer_rows(self, x: torch.Tensor, logits_index: torch.Tensor | None, wanted: set) -> torch.Tensor | None:
+        """The rows a packed pass's last layer carries on past attention: those whose logits are wanted (the others
+        only write their K/V), or None for every row (a dense pass, no index, the last layer's output wanted).
+        A drafter's catch-up over a prompt skips about half its work, a prefill one layer's o and MLP
+        (docs/results/last-layer-rows/)."""
+        L = len(self.layers)
+        if logits_index is None or x.dim() != 2 or L == 0 or L in wanted or logits_index.numel() == 0:
+            return None
+        return logits_index
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -540,21 +554,22 @@ class Transformer(nn.Module):
         x = self.embed_tokens(input_ids)
         wanted = set(hidden_layers)
         hidden = {0: x} if 0 in wanted else {}
+        keep = self._last_layer_rows(x, logits_index, wanted)
         fused = None if wanted else self._bound_cpu_layers(x, layout, cache)
         if fused is not None:  # the same layers in one C++ call (d3d.kernels.layers_cpu): the same bits
             plan, D = layout.plan(), self.cfg.head_dim
             x = fused.run(x, cos.reshape(-1, D), sin.reshape(-1, D), cache.k, cache.v, layout.write_rows,
-                          layout.slots, plan.rows, plan.nkeys, plan.first, plan.mask, D ** -0.5)
+                          layout.slots, plan.rows, plan.nkeys, plan.first, plan.mask, D ** -0.5, keep)
         for i, layer in enumerate(self.layers if fused is None else ()):
             kc = vc = None
             if cache is not None:
                 kc, vc = cache.k[i], cache.v[i]
-            x = layer(x, cos, sin, layout, kc, vc, attn_mask)
+            x = layer(x, cos, sin, layout, kc, vc, attn_mask, keep if i == len(self.layers) - 1 else None)
             if i + 1 in wanted:
                 hidden[i + 1] = x
         if cache is not None:
             cache.advance(layout)
-        if logits_index is not None:
+        if logits_index is not None and keep is None:
             x = x.reshape(-1, x.shape[-1]).index_select(0, logits_index)
         x = self.norm(x)
         head = self._greedy_head_for(x) if greedy else None
