@@ -541,7 +541,8 @@ class Transformer(nn.Module):
             forward, or ``attn_mask`` (bool ``[S, S]``, or ``[B, S, S]`` per row; True = may
             attend) with ``positions`` (``[S]`` or ``[B, S]``, default ``arange(S)``) for other
             layouts such as the BD3 training mask.
-        logits_index: ``[M]`` indices into the (flattened) tokens whose logits are wanted.
+        logits_index: ``[M]`` indices into the (flattened) tokens whose logits are wanted (a packed pass's last
+            layer carries only those rows past attention: ``_last_layer_rows``).
         hidden_layers: layer indices whose outputs are returned too (0 = embeddings, i = after
             layer i), in the order asked (repeats allowed), for DFlash-style conditioning.
         greedy: only each row's argmax will be read (every row decodes greedily): where ``greedy_head`` applies, the
