@@ -633,8 +633,10 @@ def add_train_drafter_parser(sub) -> None:
                                      "one does); the shapes must match (--num-layers, --block-size, --draft-vocab)",
                      "requests": "--data chat: what each function is asked, '+'-joined kinds: code (complete it), "
                                  "explain (explain it in prose), tests (write pytest tests for it), review (a bug "
-                                 "or an improvement, in prose); code+explain asks both in turn. A store grows "
-                                 "by new kinds: code+explain+tests adds the tests of the functions it holds",
+                                 "or an improvement, in prose), chat (a general request in its turn instead: writing, advice, "
+                                 "explanations, arithmetic; d3d/train/general_requests.py); code+explain asks both "
+                                 "in turn. A store grows by new kinds: code+explain+tests adds the tests of the "
+                                 "functions it holds",
                      "draft_vocab": "K > 0: reduced drafting vocabulary, the K target ids most frequent in the "
                                     "training answers (the head scores only those; needs shared embeddings)",
                      "mask_token_id": "-1: <|mask|> if the tokenizer has it, else the first embedding row past the "

@@ -27,6 +27,7 @@ import torch
 from ..decode.continuous import generate_continuous
 from ..model.transformer import Transformer
 from ..data.prompts import CHAT_TEMPLATES, code_request, explain_request, review_request, tests_request
+from .general_requests import general_requests
 from ..model.tokenizer import Tokenizer
 from ..data.corpus import PYTHON_SOURCES, Corpus, find_corpus, read_texts
 from ..data.answers import AnswerStore, sealed_answers, target_fingerprint
@@ -117,7 +118,7 @@ def chat_prompts(tok: Tokenizer, corpus_root: str | None, heldout_fraction: floa
     return [tok.encode_chat(code_request(s, k)) for s, k in zip(picks, kinds)]
 
 
-REQUEST_KINDS = ("code", "explain", "tests", "review")
+REQUEST_KINDS = ("code", "explain", "tests", "review", "chat")
 
 
 def chat_requests(tok: Tokenizer, corpus_root: str | None, heldout_fraction: float, n: int, seed: int = 0,
@@ -126,16 +127,21 @@ def chat_requests(tok: Tokenizer, corpus_root: str | None, heldout_fraction: flo
     as each of ``kinds`` in turn: "code" (complete it, ``code_request``, as ``chat_prompts``),
     "explain" (explain it in prose, ``explain_request``: answers like MT-Bench's, where a code
     drafter is weakest), "tests" (write pytest tests for it) and "review" (point out a bug or an
-    improvement, in prose). The sequence of functions does not depend on which kinds are asked:
-    a store made with code+explain grows with code+explain+tests by the tests of the functions
-    it holds (and all three of later functions)."""
+    improvement, in prose); "chat" asks the function's turn of general requests instead
+    (``general_requests``: writing, advice, explanations, arithmetic; no function). The sequence of functions
+    does not depend on which kinds are asked: a store made with code+explain grows with code+explain+tests by
+    the tests of the functions it holds (and all three of later functions)."""
     if not kinds or any(k not in REQUEST_KINDS for k in kinds):
         raise ValueError(f"request kinds {kinds!r}: expected one or more of {', '.join(REQUEST_KINDS)}")
-    picks, templates = training_functions(corpus_root, heldout_fraction, -(-n // len(kinds)), "train", seed,
+    per_kind = -(-n // len(kinds))
+    picks, templates = training_functions(corpus_root, heldout_fraction, per_kind, "train", seed,
                                           extra_functions=extra_functions)
-    ask = {"code": lambda s, t: code_request(s, t), "explain": lambda s, t: explain_request(s),
-           "tests": lambda s, t: tests_request(s), "review": lambda s, t: review_request(s)}
-    return [(k, tok.encode_chat(ask[k](s, t))) for s, t in zip(picks, templates) for k in kinds][:n]
+    general = general_requests(per_kind, seed) if "chat" in kinds else []
+    ask = {"code": lambda i, s, t: code_request(s, t), "explain": lambda i, s, t: explain_request(s),
+           "tests": lambda i, s, t: tests_request(s), "review": lambda i, s, t: review_request(s),
+           "chat": lambda i, s, t: general[i]}
+    return [(k, tok.encode_chat(ask[k](i, s, t))) for i, (s, t) in enumerate(zip(picks, templates))
+            for k in kinds][:n]
 
 
 def to_windows(prompts: list[list[int]], answers: list[list[int]], window: int, pad_id: int
