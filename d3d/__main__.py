@@ -627,6 +627,9 @@ def add_train_drafter_parser(sub) -> None:
                                      "0.5B's data/qwen2.5-coder-answers beside the 1.5B's store) whose answers "
                                      "train too, as --also-share of the rows (a seeded random subset)",
                      "also_share": "the share of training rows --also-answers makes (0 < share < 1)",
+                     "fresh_vocab": "with --init-drafter: choose the drafting vocabulary afresh from this run's data "
+                                    "(--draft-vocab most frequent answer ids; the head rows are the target's, so "
+                                    "only which ids are scored changes), e.g. after new kinds of requests",
                      "init_drafter": "start from this saved drafter (e.g. the one in models/): its weights, "
                                      "dequantized if stored as int8, and its drafting vocabulary; the optimizer starts "
                                      "fresh. For going on when no OUT/training_state.pt survives (--resume wins when "

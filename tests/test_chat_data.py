@@ -423,6 +423,16 @@ def test_init_drafter_starts_from_a_saved_int8_drafter_and_its_vocabulary(tmp_pa
     w = {d: m.model.state_dict()["layers.0.mlp.down_proj.weight"].float() for d, m in (("a8", a8), ("b", b), ("c", c))}
     assert torch.allclose(w["b"], w["a8"], rtol=1e-2, atol=1e-3)
     assert not torch.allclose(w["c"], w["a8"], rtol=1e-2, atol=1e-3)
+    # --fresh-vocab: the saved drafter's weights, a vocabulary chosen from this run's data (the new ids)
+    train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "f"), steps=1, lr=1e-9, fresh_vocab=True,
+                                     init_drafter=str(tmp_path / "a8")), log=lambda *_: None)
+    f = load_drafter(tmp_path / "f", target)
+    assert torch.equal(f.vocab_map, c.vocab_map) and bool((f.vocab_map >= 150).any())
+    wf = f.model.state_dict()["layers.0.mlp.down_proj.weight"].float()
+    assert torch.allclose(wf, w["a8"], rtol=1e-2, atol=1e-3)
+    with pytest.raises(ValueError, match="--fresh-vocab"):
+        train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "g"), steps=1, fresh_vocab=True),
+                      log=lambda *_: None)
     made.clear()
     with pytest.raises(ValueError, match="--init-drafter .*this run trains"):
         train_drafter(DrafterTrainConfig(**{**common, "num_layers": 2}, out=str(tmp_path / "d"), steps=1,

@@ -270,6 +270,7 @@ class DrafterTrainConfig(TrainSettings):
     also_share: float = 0.5
     requests: str = "code"  # chat data: request kinds asked of each function, "+"-joined (chat_requests)
     init_drafter: str | None = None  # start from this saved drafter's weights and drafting vocabulary (fresh optimizer)
+    fresh_vocab: bool = False  # with init_drafter: the drafting vocabulary chosen afresh from this run's data
     soft_labels: int = 0  # k > 0: train on the target's top-k distributions (one more target pass per row)
     draft_vocab: int = 0  # K > 0: reduced drafting vocabulary of the K most frequent answer ids
     mask_token_id: int = -1  # -1: <|mask|>, or else the first embedding row past the tokenizer's ids
@@ -413,6 +414,9 @@ def check_train_config(cfg: DrafterTrainConfig) -> tuple[str, ...]:
         read_manifest(cfg.also_answers)
     if cfg.draft_vocab and not cfg.shared_embeddings:
         raise ValueError("--draft-vocab needs the shared (target's) embedding and LM head")
+    if cfg.fresh_vocab and not (cfg.init_drafter and cfg.draft_vocab):
+        raise ValueError("--fresh-vocab chooses the drafting vocabulary of an --init-drafter afresh: it needs "
+                         "--init-drafter and --draft-vocab K")
     if cfg.base is not None:
         from ..fetch import is_real_model
 
@@ -529,7 +533,10 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     if cfg.init_drafter:  # checked before the data, which may take an hour to make
         init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
                                                       pick_mask_id(tok, base.cfg.vocab_size, cfg.mask_token_id))
-        log(f"starting from the drafter in {cfg.init_drafter} (its weights and drafting vocabulary)")
+        if cfg.fresh_vocab:  # its head rows are the target's (shared embeddings): only which ids are scored changes
+            vocab_map = None
+        log(f"starting from the drafter in {cfg.init_drafter} (its weights"
+            f"{', a drafting vocabulary chosen afresh' if cfg.fresh_vocab else ' and drafting vocabulary'})")
     data = training_data(cfg, labeller, tok, kinds, log)
     if cfg.data_only:
         log(f"--data-only: {data.ids.shape[0]} rows of training data in {data.where}; no training")
