@@ -48,3 +48,25 @@ def test_the_committed_hashes_are_mtbench_s(tmp_path):
     assert mtbench_ngrams(tmp_path / "h.xz") == mtbench_ngrams() and n == len(mtbench_ngrams())
     rows = [json.loads(line) for line in mtbench_path().read_text().splitlines() if line.strip()]
     assert len(rows) == 80
+
+
+def test_the_committed_chat_store_asks_these_requests():
+    """data/qwen2.5-coder-chat-answers: what its manifest says, each request answered once, and every request one of
+    the stream's (so the checks above cover what the drafter trained on)."""
+    import re
+    from pathlib import Path
+
+    from d3d.assets import qwen3_tokenizer_dir
+    from d3d.data.answers import read_manifest, sealed_answers
+    from d3d.model.tokenizer import load_tokenizer
+
+    store = Path(__file__).resolve().parents[1] / "data" / "qwen2.5-coder-chat-answers"
+    manifest, answers = read_manifest(store), sealed_answers(store)
+    assert len(answers) == sum(c["rows"] for c in manifest["chunks"]) > 0
+    assert sum(len(a.answer) for a in answers) == sum(c["answer_tokens"] for c in manifest["chunks"])
+    assert all(a.kind == "chat" and 0 < len(a.answer) <= manifest["gen_len"] for a in answers)
+    assert len({tuple(a.prompt) for a in answers}) == len(answers)
+    tok, stream = load_tokenizer(qwen3_tokenizer_dir()), set(texts(len(answers) + 100))
+    for a in answers:
+        m = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", tok.decode(a.prompt), re.S)
+        assert m and m.group(1) in stream, tok.decode(a.prompt)[:200]
