@@ -430,6 +430,14 @@ def test_init_drafter_starts_from_a_saved_int8_drafter_and_its_vocabulary(tmp_pa
     assert torch.equal(f.vocab_map, c.vocab_map) and bool((f.vocab_map >= 150).any())
     wf = f.model.state_dict()["layers.0.mlp.down_proj.weight"].float()
     assert torch.allclose(wf, w["a8"], rtol=1e-2, atol=1e-3)
+    # the lender the saved drafter's config names (where its embeddings come from) is kept, no --base given
+    import json
+    cfg_a8 = json.loads((tmp_path / "a8" / "config.json").read_text())
+    cfg_a8["d3d"]["embeddings_from"] = "a-lender"
+    (tmp_path / "a8" / "config.json").write_text(json.dumps(cfg_a8))
+    train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "h"), steps=1, lr=1e-9,
+                                     init_drafter=str(tmp_path / "a8")), log=lambda *_: None)
+    assert json.loads((tmp_path / "h" / "config.json").read_text())["d3d"]["embeddings_from"] == "a-lender"
     with pytest.raises(ValueError, match="--fresh-vocab"):
         train_drafter(DrafterTrainConfig(**common, out=str(tmp_path / "g"), steps=1, fresh_vocab=True),
                       log=lambda *_: None)

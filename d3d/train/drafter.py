@@ -338,12 +338,13 @@ def base_dir(cfg: DrafterTrainConfig, tok: Tokenizer, log=print) -> str:
 
 
 def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig,
-                  vocab_map: torch.Tensor | None = None) -> Drafter:
+                  vocab_map: torch.Tensor | None = None, embeddings_from: str = "") -> Drafter:
     """A drafter of ``target``'s layer shape (``target``: the ``--base`` model where one is named),
-    initialised from its layers; its embedding and head shared (frozen) or copied."""
+    initialised from its layers; its embedding and head shared (frozen) or copied. Its config names
+    ``embeddings_from`` (default ``--base``) as where they are borrowed from."""
     mask_id = pick_mask_id(tok, target.cfg.vocab_size, cfg.mask_token_id)
     dcfg = DrafterConfig(block_size=cfg.block_size, mask_token_id=mask_id, target_vocab=target.cfg.vocab_size,
-                         shared_embeddings=cfg.shared_embeddings, embeddings_from=cfg.base or "",
+                         shared_embeddings=cfg.shared_embeddings, embeddings_from=cfg.base or embeddings_from,
                          draft_vocab_size=0 if vocab_map is None else vocab_map.numel())
     if not 1 <= cfg.num_layers:
         raise ValueError(f"--num-layers={cfg.num_layers}: must be >= 1")
@@ -366,9 +367,10 @@ def build_drafter(target: Transformer, tok: Tokenizer, cfg: DrafterTrainConfig,
     return Drafter(model, dcfg, vocab_map)
 
 
-def saved_drafter_weights(path: str, cfg: DrafterTrainConfig, mask_id: int) -> tuple[dict, torch.Tensor | None]:
-    """The own weights (dequantized when stored as int8) and the drafting vocabulary of the drafter
-    saved at ``path``: a run that starts from a committed drafter when no training state survives.
+def saved_drafter_weights(path: str, cfg: DrafterTrainConfig, mask_id: int
+                          ) -> tuple[dict, torch.Tensor | None, str]:
+    """The own weights (dequantized when stored as int8), the drafting vocabulary and the ``embeddings_from`` of
+    the drafter saved at ``path``: a run that starts from a committed drafter when no training state survives.
     Its shape must be the one ``cfg`` trains."""
     mcfg = ModelConfig.load(path)
     source = f"--init-drafter {path}"
@@ -381,7 +383,7 @@ def saved_drafter_weights(path: str, cfg: DrafterTrainConfig, mask_id: int) -> t
     K = dcfg.draft_vocab_size
     state, extra = read_state(Path(path), mcfg, skip=SHARED_EMBEDDINGS if dcfg.shared_embeddings else (),
                               extra={DRAFT_VOCAB: (K,)} if K else None)
-    return {k: v.float() for k, v in state.items()}, extra[DRAFT_VOCAB] if K else None
+    return {k: v.float() for k, v in state.items()}, extra[DRAFT_VOCAB] if K else None, dcfg.embeddings_from
 
 
 def check_train_config(cfg: DrafterTrainConfig) -> tuple[str, ...]:
@@ -530,9 +532,10 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     tok = Tokenizer.load(cfg.target)
     base, target, labeller = training_models(cfg, tok, log)
     vocab_map = init_state = None
+    lender = ""  # where the drafter's embeddings come from: --base, or else what --init-drafter's config names
     if cfg.init_drafter:  # checked before the data, which may take an hour to make
-        init_state, vocab_map = saved_drafter_weights(cfg.init_drafter, cfg,
-                                                      pick_mask_id(tok, base.cfg.vocab_size, cfg.mask_token_id))
+        init_state, vocab_map, lender = saved_drafter_weights(cfg.init_drafter, cfg,
+                                                              pick_mask_id(tok, base.cfg.vocab_size, cfg.mask_token_id))
         if cfg.fresh_vocab:  # its head rows are the target's (shared embeddings): only which ids are scored changes
             vocab_map = None
         log(f"starting from the drafter in {cfg.init_drafter} (its weights"
@@ -543,7 +546,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
         return {"history": [], "data_rows": data.ids.shape[0]}
     N, L = data.ids.shape
     vocab_map, label_map = drafting_labels(data, cfg, target.cfg.vocab_size, vocab_map, resume, log)
-    drafter = build_drafter(base, tok, cfg, vocab_map)
+    drafter = build_drafter(base, tok, cfg, vocab_map, lender)
     model = drafter.model
     if init_state is not None:  # a resumed run's training state, loaded by train_loop, overrides these
         missing = [k for k in model.load_state_dict(init_state, strict=False).missing_keys
