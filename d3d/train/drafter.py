@@ -386,6 +386,20 @@ def saved_drafter_weights(path: str, cfg: DrafterTrainConfig, mask_id: int
     return {k: v.float() for k, v in state.items()}, extra[DRAFT_VOCAB] if K else None, dcfg.embeddings_from
 
 
+def initial_drafter(cfg: DrafterTrainConfig, tok: Tokenizer, base: Transformer, log=print
+                    ) -> tuple[dict | None, torch.Tensor | None, str]:
+    """``--init-drafter``'s weights, drafting vocabulary (None with ``--fresh-vocab``: chosen from this run's data;
+    the head rows are the target's, so only which ids are scored changes) and the model its embeddings come from;
+    without one (None, None, "")."""
+    if not cfg.init_drafter:
+        return None, None, ""
+    state, vocab_map, lender = saved_drafter_weights(cfg.init_drafter, cfg,
+                                                     pick_mask_id(tok, base.cfg.vocab_size, cfg.mask_token_id))
+    log(f"starting from the drafter in {cfg.init_drafter} (its weights"
+        f"{', a drafting vocabulary chosen afresh' if cfg.fresh_vocab else ' and drafting vocabulary'})")
+    return state, None if cfg.fresh_vocab else vocab_map, lender
+
+
 def check_train_config(cfg: DrafterTrainConfig) -> tuple[str, ...]:
     """Named errors for arguments that do not fit together (before any data is made: that may take
     an hour). Returns the request kinds of ``--requests``."""
@@ -531,15 +545,7 @@ def train_drafter(cfg: DrafterTrainConfig, resume: bool = False, log=print) -> d
     kinds = check_train_config(cfg)
     tok = Tokenizer.load(cfg.target)
     base, target, labeller = training_models(cfg, tok, log)
-    vocab_map = init_state = None
-    lender = ""  # where the drafter's embeddings come from: --base, or else what --init-drafter's config names
-    if cfg.init_drafter:  # checked before the data, which may take an hour to make
-        init_state, vocab_map, lender = saved_drafter_weights(cfg.init_drafter, cfg,
-                                                              pick_mask_id(tok, base.cfg.vocab_size, cfg.mask_token_id))
-        if cfg.fresh_vocab:  # its head rows are the target's (shared embeddings): only which ids are scored changes
-            vocab_map = None
-        log(f"starting from the drafter in {cfg.init_drafter} (its weights"
-            f"{', a drafting vocabulary chosen afresh' if cfg.fresh_vocab else ' and drafting vocabulary'})")
+    init_state, vocab_map, lender = initial_drafter(cfg, tok, base, log)  # before the data: it may take an hour
     data = training_data(cfg, labeller, tok, kinds, log)
     if cfg.data_only:
         log(f"--data-only: {data.ids.shape[0]} rows of training data in {data.where}; no training")

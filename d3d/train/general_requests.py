@@ -16,6 +16,8 @@ import random
 import re
 from pathlib import Path
 
+from ..files import atomic
+
 TEMPLATES = (
     # writing
     "Write a short story about {person} who finds {object} in {place}.",
@@ -166,10 +168,8 @@ def write_mtbench_ngrams(question_jsonl: Path, out: Path = NGRAMS) -> int:
                 ws = words(turn)
                 for n in range(1, LONGEST + 1):
                     hashes |= ngram_hashes(ws, n)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(lzma.compress("\n".join(sorted(hashes)).encode()))
-    tmp.replace(out)
+    with atomic(out) as tmp:
+        tmp.write_bytes(lzma.compress("\n".join(sorted(hashes)).encode()))
     return len(hashes)
 
 
