@@ -3,6 +3,7 @@
   speculative    ar vs sync vs async end to end: τ, tok/s, speedup over ar, hit rate, time split
   agreement      greedy sync/async vs ar token for token in bf16; margins of the target at every divergence
   gpu            every GPU measurement in one call, each stage time-boxed (--dry-run: CPU, toy sizes)
+  travel         what a GPU call sends (64 MiB at most): --prepare untracks what bench gpu does not read
   passes         pass-cost curve: one forward over T = 1..32 new tokens, target and drafter, per dtype
   decode         d3d vs transformers autoregressive decode (tok/s, GB/s vs copy bandwidth)
   target         a target's quality on unseen code: bits/byte (stdlib evaluation files, numpy), share of
@@ -143,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import gpu
 
         schema.validate(gpu.main(rest))
+    elif cmd == "travel":
+        from . import travel
+
+        travel.main(rest)
     elif cmd == "passes":
         from . import passes
 
