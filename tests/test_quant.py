@@ -233,7 +233,7 @@ def test_int8_activations_row_invariance_over_every_row_count(matmul, fmt):
         assert torch.equal(matmul(x[:M], *args), full[:M]), M
     perm = torch.randperm(40, generator=g)
     assert torch.equal(matmul(x[perm], *args), full[perm])
-    many = torch.cat([x] * 4)  # 160 rows: past PARALLEL_ROWS, the tiles quantized on every thread
+    many = torch.cat([x] * 4)  # 160 rows: 10 tiles, quantized on every thread
     assert torch.equal(matmul(many, *args), torch.cat([full] * 4))
 
 

@@ -116,18 +116,17 @@ inline void quantize_row(const float* x, int64_t m, int64_t m0, int64_t mr, int6
     }
 }
 
-// Every row's activations (quantize_row), tile by tile: on the calling thread for up to PARALLEL_ROWS rows (split
-// between two threads, the matmuls of 8-16 rows took up to 1.5x as long), the tiles shared among the threads past
-// that (a prefill's hundreds of rows). Each tile is written by one thread alone: the same bytes either way.
-constexpr int64_t PARALLEL_ROWS = 64;
-
+// Every row's activations (quantize_row), tile by tile, the tiles shared among the threads (each written by one
+// thread: the same bytes either way). One tile (up to MR_MAX rows) stays on the calling thread: split within a tile,
+// the matmuls of 8-16 rows had taken up to 1.5x as long; shared, 17-64 rows' matmuls took 0.83-0.99x as long and a
+// 256-token pass 0.96x (docs/results/act-quant/).
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, bool nibble_order, int32_t z,
                           bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum,
                           int32_t* shift) {
     std::vector<int64_t> starts;  // the tiles' first rows (tile_rows)
     for (int64_t m0 = 0; m0 < M; m0 += tile_rows(M, m0)) starts.push_back(m0);
     const int64_t tiles = static_cast<int64_t>(starts.size());
-    at::parallel_for(0, tiles, M > PARALLEL_ROWS ? 1 : tiles + 1, [&](int64_t t0, int64_t t1) {
+    at::parallel_for(0, tiles, tiles > 1 ? 1 : 2, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
             const int64_t m0 = starts[t], mr = tile_rows(M, m0);
             for (int64_t m = m0; m < m0 + mr; ++m)
