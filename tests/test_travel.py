@@ -48,7 +48,13 @@ def test_prepare_then_restore_leaves_everything_as_it_was(repo):
     assert "big/a.bin" not in travel.travelling(repo) and (repo / "big" / "a.bin").is_file()  # still on disk
     with pytest.raises(SystemExit, match="--restore first"):
         travel.prepare(repo, ("big",), ())
+    (repo / "keep.txt").write_text("changed\n")
+    refused = subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "x"], cwd=repo,
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "--restore before committing" in refused.stderr  # would delete big/
+    (repo / "keep.txt").write_text("kept\n")
     travel.restore(repo)
+    assert not travel.git_path(repo, "hooks/pre-commit").exists()
     assert exclude.read_text() == before_exclude
     assert sh(repo, "status", "--porcelain") == before_status
     assert not travel.git_path(repo, travel.RECORD).exists()
