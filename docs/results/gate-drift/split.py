@@ -52,7 +52,7 @@ print(f"{name}, {which}; cpu flags", " ".join(sorted(f for f in cpu_flags() if f
 for i, p in enumerate(prompts):
     runs = {"ar": [], "sync": []}
     for rep in range(reps):
-        # the order alternates, so that neither engine always runs second (plain_order.py measures both orders)
+        # the order alternates, so that neither engine always runs second (plain_steps.py measures both orders)
         for eng in ("ar", "sync") if rep % 2 == 0 else ("sync", "ar"):
             rounds.clear()
             out = d3d.generate(target, p, max_new_tokens=128, spec=eng, drafter=drafter, stop_ids=tok.stop_token_ids())
