@@ -41,8 +41,8 @@ exit 1
 """
 
 
-def git(root: Path, *args: str, text: bool = True) -> str:
-    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=text)
+def git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench travel: git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
     return done.stdout
@@ -54,10 +54,10 @@ def travelling(root: Path) -> dict[str, int]:
     return {n: (root / n).stat().st_size for n in dict.fromkeys(names) if n and (root / n).is_file()}
 
 
-def tracked_bytes_without(root: Path, hidden: tuple[str, ...]) -> int:
-    """What the tracked files would weigh with ``hidden`` (folders or files) untracked."""
-    sizes = travelling(root)
-    return sum(b for n, b in sizes.items() if not any(n == h or n.startswith(h.rstrip("/") + "/") for h in hidden))
+def bytes_without(root: Path, hidden: tuple[str, ...]) -> int:
+    """What a call would send with ``hidden`` (folders or files) untracked (the carried paths aside)."""
+    return sum(b for n, b in travelling(root).items()
+               if not any(n == h or n.startswith(h.rstrip("/") + "/") for h in hidden))
 
 
 def largest(sizes: dict[str, int], depth: int = 2, n: int = 8) -> list[tuple[str, int]]:
@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(args.root)
     if args.restore:
         restore(root)
-    total = prepare(root, GPU_HIDDEN, WHEELS) if args.prepare else sum(travelling(root).values())
+    total = prepare(root, GPU_HIDDEN, WHEELS) if args.prepare else None
     sizes = travelling(root)
+    total = sum(sizes.values()) if total is None else total  # prepare's counts the carried wheels too
     print(f"a device call sends {total / 2**20:.1f} MiB of {root} (limit {LIMIT >> 20} MiB"
           f"{', over it' if total > LIMIT else ''}); the largest folders:")
     for name, b in largest(sizes):

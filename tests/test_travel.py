@@ -37,7 +37,7 @@ def repo(tmp_path):
 def test_travelling_counts_tracked_and_untracked_not_ignored(repo):
     sizes = travel.travelling(repo)
     assert sizes == {".gitignore": 7, "big/a.bin": 5000, "big/b.bin": 3000, "keep.txt": 5, "new.txt": 23}
-    assert travel.tracked_bytes_without(repo, ("big",)) == 35
+    assert travel.bytes_without(repo, ("big",)) == 35
 
 
 def test_prepare_then_restore_leaves_everything_as_it_was(repo):
@@ -74,7 +74,7 @@ def test_this_checkout_fits_a_gpu_call_once_prepared():
     a large file added outside GPU_HIDDEN fails here, before a GPU call is refused for it."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    assert travel.tracked_bytes_without(ROOT, travel.GPU_HIDDEN) + (1 << 20) <= travel.LIMIT
+    assert travel.bytes_without(ROOT, travel.GPU_HIDDEN) + (1 << 20) <= travel.LIMIT
     for hidden in travel.GPU_HIDDEN:
         assert (ROOT / hidden).exists(), hidden
 

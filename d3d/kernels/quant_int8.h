@@ -123,15 +123,16 @@ inline void quantize_row(const float* x, int64_t m, int64_t m0, int64_t mr, int6
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t A, int64_t S, bool nibble_order, int32_t z,
                           bool xsums, int8_t* q, float* scale, int32_t* zsum, float* xsum, int16_t* qsum,
                           int32_t* shift) {
-    std::vector<int64_t> starts;  // the tiles' first rows (tile_rows)
+    const auto quantize_tile = [&](int64_t m0) {
+        const int64_t mr = tile_rows(M, m0);  // the rows' tile (Act)
+        for (int64_t m = m0; m < m0 + mr; ++m)
+            quantize_row(x, m, m0, mr, K, A, S, nibble_order, z, xsums, q, scale, zsum, xsum, qsum, shift);
+    };
+    if (M <= MR_MAX) return quantize_tile(0);  // one tile: this thread
+    std::vector<int64_t> starts;  // the tiles' first rows
     for (int64_t m0 = 0; m0 < M; m0 += tile_rows(M, m0)) starts.push_back(m0);
-    const int64_t tiles = static_cast<int64_t>(starts.size());
-    at::parallel_for(0, tiles, tiles > 1 ? 1 : 2, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-            const int64_t m0 = starts[t], mr = tile_rows(M, m0);
-            for (int64_t m = m0; m < m0 + mr; ++m)
-                quantize_row(x, m, m0, mr, K, A, S, nibble_order, z, xsums, q, scale, zsum, xsum, qsum, shift);
-        }
+    at::parallel_for(0, static_cast<int64_t>(starts.size()), 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) quantize_tile(starts[t]);
     });
 }
 
