@@ -10,6 +10,8 @@ prompts only), four engines answer greedily with the same prompt tokens and the 
     d3d-ar        d3d ``ar`` on the checkpoint ``convert-gguf`` wrote (``weights="auto"``)
     d3d-alone     d3d's defaults without copied drafts (``lookup=0``): every draft is the drafter's own
     d3d           d3d's defaults (``python -m d3d generate``: sync with the drafter on a CPU, its defaults)
+    d3d-store     with ``--datastore DIR ...``: the defaults with those answer stores of the target as a draft
+                  source (``generate --datastore``; ``d3d.decode.datastore``)
 
 Engines take turns request by request (the order reversed every other request, so drift hits them
 alike). tok/s = generated tokens / (prompt + generation time), model loading excluded (llama.cpp's
@@ -47,7 +49,7 @@ from d3d.data.prompts import load_prompt_set
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
 
 ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d")
-SPECULATIVE = ("d3d-alone", "d3d")  # d3d's engines that need a drafter
+SPECULATIVE = ("d3d-alone", "d3d", "d3d-store")  # d3d's engines that need a drafter
 
 
 def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int,
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--llama-draft", default=None,
                     help="a draft model GGUF for llama-speculative-simple (the llama-spec engine; default for "
                          "--target qwen2.5-coder-1.5b: the 0.5B's GGUF where d3d fetch kept it; else no llama-spec)")
+    ap.add_argument("--datastore", default=None, metavar="DIR", nargs="+",
+                    help="answer stores of the target's own answers (e.g. data/qwen2.5-coder-answers "
+                         "data/qwen2.5-coder-chat-answers): adds the d3d-store engine, the defaults drafting from them")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup", "llama-speculative-simple")}
@@ -124,8 +129,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     tok = d3d.load_tokenizer(args.target)
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
-    engines = tuple(e for e in ENGINES if (e not in SPECULATIVE or drafter is not None)
-                    and (e != "llama-spec" or args.llama_draft))
+    store = d3d.load_datastore(args.datastore, target) if args.datastore and drafter is not None else None
+    engines = tuple(e for e in ENGINES + ("d3d-store",) if (e not in SPECULATIVE or drafter is not None)
+                    and (e != "llama-spec" or args.llama_draft) and (e != "d3d-store" or store is not None))
     if note:
         print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)
     weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
@@ -150,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                                              args.lookup_drafts if engine == "llama-lookup" else 0,
                                              Path(args.llama_draft) if engine == "llama-spec" else None)
                 else:
-                    spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0"}.get(engine, mode)
+                    spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0",
+                            "d3d-store": d3d.SpecConfig(mode, datastore=store)}.get(engine, mode)
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
                                        stop_ids=stops)
                     runs[engine] = {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,

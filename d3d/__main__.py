@@ -420,11 +420,11 @@ def add_generate_parser(sub) -> None:
                    help="print every round: the draft, the accepted prefix, the bonus, fallbacks and the "
                         "timing overlap of drafting and verification")
     add_spec_arguments(g)
-    g.add_argument("--datastore", default=None, metavar="DIR",
+    g.add_argument("--datastore", default=None, metavar="DIR", nargs="+",
                    help="sync/async: where no copy from the context applies, draft what the target's own earlier "
-                        "answers continued the last few tokens with (an answer store of this model, e.g. "
-                        "data/qwen2.5-coder-answers; indexed at start, a few seconds) before asking the drafter "
-                        "(lossless; d3d/decode/datastore.py)")
+                        "answers continued the last few tokens with (answer stores of this model, e.g. "
+                        "data/qwen2.5-coder-answers data/qwen2.5-coder-chat-answers; indexed at start, a few seconds) "
+                        "before asking the drafter (lossless; d3d/decode/datastore.py)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")

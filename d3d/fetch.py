@@ -121,6 +121,14 @@ def gguf_path(name: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / f"{lookup(name).name}.gguf"
 
 
+def real_model_name(path: str | Path | None) -> str | None:
+    """The name of the real model whose fetched directory ``path`` is (a loaded model's ``source``), else None."""
+    if path is None:
+        return None
+    here = Path(path).resolve()
+    return next((name for name in REAL_MODELS if model_dir(name).resolve() == here), None)
+
+
 def is_fetched(name: str, root: Path | None = None) -> bool:
     return (model_dir(name, root) / "config.json").is_file()
 

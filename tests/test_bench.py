@@ -307,3 +307,41 @@ def test_target_takes_a_directory_a_real_models_name_or_nothing(tmp_path, monkey
     assert target_dir(str(tmp_path), "passes") == tmp_path
     assert target_dir("qwen2.5-coder-1.5b", "speculative") == tmp_path / "qwen2.5-coder-1.5b"
     assert "bench speculative: qwen2.5-coder-1.5b: already converted" in capsys.readouterr().err
+
+
+def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch):
+    """``bench llamacpp`` with stand-ins for llama.cpp's binaries (their timing lines, the target's texts not
+    needed): every engine answers every request, d3d's speculative engines equal d3d-ar, and ``--datastore``
+    adds the d3d-store engine, the defaults drafting from the target's answer stores."""
+    from bench import llamacpp
+    from d3d.data.answers import AnswerStore, target_fingerprint
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    timings = {"llama-completion": "prompt eval time =      10.00 ms /     5 tokens\n"
+                                   "       eval time =     100.00 ms /     7 runs\n",
+               "llama-lookup": "encoded    5 tokens in    0.010 seconds\ndecoded    8 tokens in    0.050 seconds\n",
+               "llama-speculative-simple": "encoded    5 tokens in    0.010 seconds\n"
+                                           "decoded    8 tokens in    0.080 seconds\n"}
+    for name, err in timings.items():
+        (bins / name).write_text(f"#!/bin/sh\necho 'some text'\nprintf '{err}' >&2\n")
+        (bins / name).chmod(0o755)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    target = d3d.load_model(tiny_pair / "target", dtype="float32")
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14]]
+    store = AnswerStore(tmp_path / "store", target_fingerprint(target), 12)
+    store.prepare()
+    torch.save([[("chat", p, p + d3d.generate(target, p, max_new_tokens=12, stop_ids=[]).tokens[0])
+                 for p in prompts]], store.pending_path)
+    store.seal(None, "float32")
+    monkeypatch.setattr(llamacpp, "load_prompt_set", lambda name, tok, n, chat: prompts[:n])
+    payload = llamacpp.main(["--target", str(tiny_pair / "target"), "--gguf", str(tmp_path / "m.gguf"),
+                             "--llama-bin", str(bins), "--drafter", str(tiny_pair / "drafter"), "--weights", "float32",
+                             "--n-code", "2", "--n-prose", "1", "--new-tokens", "12", "--llama-draft",
+                             str(tmp_path / "m.gguf"), "--datastore", str(tmp_path / "store"),
+                             "--out", str(tmp_path / "l.json")])
+    engines = {"llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store"}
+    assert set(payload["tok_s"]["code"]) == engines and len(payload["tok_s"]["code"]["d3d-store"]) == 2
+    assert payload["speculative_equal_to_ar"] == "3/3" and payload["config"]["datastore"] == [str(tmp_path / "store")]
+    assert payload["tok_s"]["code"]["llama-ar"] == [8 / 0.11] * 2  # 7 runs + the prompt pass's token, 110 ms
+    assert json.loads((tmp_path / "l.json").read_text())["median_tok_s"]["prose"]["d3d-store"] > 0

@@ -175,6 +175,16 @@ def test_datastore_errors_are_named(tmp_path):
     assert len(load_datastore(tmp_path / "s", other)) == 3 and len(load_datastore(tmp_path / "s")) == 3
     with pytest.raises(ValueError, match="the answers of another model"):
         load_datastore(tmp_path / "s", target)
+    mine = AnswerStore(tmp_path / "t", target_fingerprint(target), 8)  # several stores: one index, in order
+    mine.prepare()
+    torch.save([[("chat", [1], [7, 8])]], mine.pending_path)
+    mine.seal(None, "float32")
+    both = load_datastore([tmp_path / "t", tmp_path / "t"], target)
+    assert len(both) == 2 * len(load_datastore(tmp_path / "t", target))
+    with pytest.raises(ValueError, match=f"{tmp_path / 's'}: the answers of another model"):
+        load_datastore([tmp_path / "t", tmp_path / "s"], target)
+    with pytest.raises(ValueError, match="no answer store"):
+        load_datastore([])
 
 
 def test_every_draft_source_proposes_a_draft():
@@ -194,3 +204,28 @@ def test_every_draft_source_proposes_a_draft():
     stored = store.propose(Sequence([0, 5, 6], 8), 2)
     assert isinstance(stored, Draft) and stored.tokens == [7, 8] and stored.top_ids[0][0] == 7
     assert store.propose(Sequence([0, 1, 2], 8), 2) is None
+
+
+def test_a_store_of_another_checkpoint_of_the_same_real_model_is_accepted(tmp_path, monkeypatch):
+    """The fingerprint names a checkpoint (the HF weights and the GGUF's blocks of one model differ); a store whose
+    manifest names the real model that answered (``AnswerStore(model=)``) serves a target loaded as that model
+    (``d3d.fetch.real_model_name`` of its ``source``), and no other."""
+    from d3d.data.answers import AnswerStore, read_manifest, target_fingerprint
+    from d3d.fetch import model_dir, real_model_name
+
+    monkeypatch.setenv("D3D_CACHE", str(tmp_path / "cache"))
+    writer, target = tiny_target(seed=21), tiny_target(seed=22)
+    for name, model in (("same", "qwen2.5-coder-0.5b"), ("other", "qwen2.5-coder-1.5b")):
+        store = AnswerStore(tmp_path / name, target_fingerprint(writer), 8, model)
+        store.prepare()
+        torch.save([[("chat", [1, 2], [3, 4, 5])]], store.pending_path)
+        store.seal(None, "float32")
+        assert read_manifest(tmp_path / name)["model"] == model
+    target.source = model_dir("qwen2.5-coder-0.5b").resolve()
+    assert real_model_name(target.source) == "qwen2.5-coder-0.5b" and real_model_name(tmp_path) is None
+    assert len(load_datastore([tmp_path / "same"], target)) == 3
+    with pytest.raises(ValueError, match="model qwen2.5-coder-1.5b; this target's .*, qwen2.5-coder-0.5b"):
+        load_datastore([tmp_path / "same", tmp_path / "other"], target)
+    target.source = tmp_path  # not a fetched real model: the fingerprint alone decides
+    with pytest.raises(ValueError, match="the answers of another model"):
+        load_datastore(tmp_path / "same", target)

@@ -10,14 +10,16 @@ prompt ids) is answered once.
 
 Layout of a store directory::
 
-    manifest.json          {"format": 1, "target": fingerprint, "gen_len": 160,
+    manifest.json          {"format": 1, "target": fingerprint, "model": name (optional), "gen_len": 160,
                             "chunks": [{"file", "rows", "answer_tokens", "kinds", "dtype", "seconds", "sealed"}]}
     answers-00000.json.xz  {"rows": [{"kind": "code", "prompt": [ids], "answer": [ids]}, ...]}
     pending.pt             this machine's answers not sealed yet (resumed, never committed)
 
 Chunks are xz-compressed JSON: readable with ``xzcat``; ~0.52 bytes per stored token, ~0.99 per answer
 token, on the Qwen chat requests (``docs/results/answer-store/summary.json``). The manifest's fingerprint names the target (config +
-first embedding rows) and the answer cap: answers of another model or cap are refused, not mixed.
+first embedding rows) and the answer cap: answers of another model or cap are refused, not mixed. ``model`` names
+the real model that answered (``d3d.fetch``), so that a datastore serves it loaded from another checkpoint too
+(``d3d.decode.datastore.load_datastore``: its HF weights and its GGUF's blocks have different fingerprints).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class Answer:
 class AnswerStore:
     """A store directory (see the module docstring), created on first use."""
 
-    def __init__(self, root: str | Path, target: str, gen_len: int):
+    def __init__(self, root: str | Path, target: str, gen_len: int, model: str | None = None):
         self.root, self.manifest_path = Path(root), Path(root) / "manifest.json"
         self.pending_path = self.root / "pending.pt"
         if self.manifest_path.is_file():
@@ -73,6 +75,8 @@ class AnswerStore:
                     f"or the same --target and --gen-len")
         else:
             self.manifest = {"format": FORMAT, "target": target, "gen_len": gen_len, "chunks": []}
+            if model is not None:  # the real model that answers (d3d.fetch): its other checkpoints' phrasing too
+                self.manifest["model"] = model
         self._sealed: list[Answer] | None = None
 
     def sealed(self) -> list[Answer]:

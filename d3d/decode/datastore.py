@@ -174,17 +174,28 @@ def sorted_starts(tokens: torch.Tensor, width: int) -> torch.Tensor:
     return order
 
 
-def load_datastore(path: str | Path, target=None, **kw) -> Datastore:
-    """A datastore of the answers in an answer store directory (``d3d.data.answers``); with
-    ``target``, refused unless the store's answers are that target's (its fingerprint)."""
+def load_datastore(paths, target=None, **kw) -> Datastore:
+    """A datastore of the answers in one answer store directory (``d3d.data.answers``) or several, in order; with
+    ``target``, refused unless every store's answers are that target's: its fingerprint, or the real model it was
+    loaded as (``d3d.fetch``) where the manifest names the one that answered (another checkpoint of it: the HF
+    weights against the GGUF's blocks)."""
     from ..data.answers import read_manifest, sealed_answers, target_fingerprint
+    from ..fetch import real_model_name
 
-    path = Path(path)
-    manifest = read_manifest(path)
-    if target is not None and manifest["target"] != target_fingerprint(target):
-        raise ValueError(f"{path}: the answers of another model (fingerprint {manifest['target']}, this target's "
-                         f"{target_fingerprint(target)}); its phrasing would not be this target's")
-    return Datastore([a.answer for a in sealed_answers(path, manifest)], **kw)
+    paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("load_datastore: no answer store directory given")
+    mine = target_fingerprint(target) if target is not None else None
+    name = real_model_name(getattr(target, "source", None)) if target is not None else None
+    answers = []
+    for path in paths:
+        manifest = read_manifest(path)
+        if mine is not None and manifest["target"] != mine and (name is None or manifest.get("model") != name):
+            raise ValueError(f"{path}: the answers of another model (fingerprint {manifest['target']}, model "
+                             f"{manifest.get('model')}; this target's {mine}, {name}); its phrasing would not be "
+                             "this target's")
+        answers += [a.answer for a in sealed_answers(path, manifest)]
+    return Datastore(answers, **kw)
 
 
 __all__ = ["Datastore", "Chain", "load_datastore", "majority_walk", "sorted_starts", "SEPARATOR"]
