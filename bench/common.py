@@ -120,13 +120,16 @@ def runs_over_ar(tok_s: dict[str, list[float]], tau: dict[str, list[float]]) -> 
 
 
 # MT-Bench questions kept for choosing (validation) and for reporting (evaluation; bench llamacpp asks the first 4)
-MTBENCH_SETS = {"mtbench": [6, 7, 8, 9, 61, 65, 71, 75], "mtbench-eval": [0, 1, 2, 3, 4, 5, 10, 11]}
-REQUEST_SETS = ("code", "explain", "mtbench", "humaneval", "mtbench-eval", "library")
+MTBENCH_SETS = {"mtbench": [6, 7, 8, 9, 61, 65, 71, 75], "mtbench-eval": [0, 1, 2, 3, 4, 5, 10, 11],
+                "mtbench-free": [12, 13, 14, 15, 16, 17, 18, 19]}
+REQUEST_SETS = ("code", "explain", "mtbench", "mtbench-free", "humaneval", "mtbench-eval", "library")
 
 
 def request_sets(tok, path, names: list[str]) -> dict[str, list[list[int]]]:
     """The results scripts' chat requests by set name: validation, where choices are made, ``code`` and ``explain``
-    (8 each, about the trainer's validation functions) and ``mtbench`` (its 8 validation questions); evaluation,
+    (8 each, about the trainer's validation functions), ``mtbench`` (its 8 validation questions, several of them edits
+    and rewrites that copies serve) and ``mtbench-free`` (8 role-play questions, free writing as the evaluation
+    questions are); evaluation,
     reported only, ``humaneval`` (8), ``mtbench-eval`` (questions 0-5, 10, 11) and ``library`` (8 about held-out
     library functions). ``path``: the target's directory (its training corpus)."""
     from d3d.data.corpus import training_corpus

@@ -8,9 +8,10 @@ turns, the order reversed every other request. Run from the repository root:
 SETS, comma-separated: ``long`` (4 standard-library modules, their first ~2,000 tokens shown, a summary asked:
 argparse, textwrap, difflib, shlex), ``long-eval`` (the same for json.decoder, csv, heapq, fractions; reported,
 never chosen on), ``code``, ``explain`` (8 validation requests each, as cut-batch1/validate.py), ``mtbench`` (its
-8 validation questions). RUN: ``ar``; ``now`` (the defaults); ``window=N`` (the defaults with DRAFT_WINDOW = N, 0:
-none); ``before`` (no window and the row price of commit c809e9c, whose R counted the catch-up round); ``r-before``
-(the window, with c809e9c's row price); ``price@REV`` (the defaults with the row price of git revision REV).
+8 validation questions), ``mtbench-free`` (8 more: role-play and free writing, ``bench.common.MTBENCH_SETS``).
+RUN: ``ar``; ``now`` (the defaults); ``window=N`` (the defaults with DRAFT_WINDOW = N, 0: none); ``before`` (no
+window and the row price of commit c809e9c, whose R counted the catch-up round); ``r-before`` (the window, with
+c809e9c's row price); ``price@REV`` (the defaults with the row price of git revision REV).
 """
 import sys
 
@@ -20,7 +21,7 @@ sys.path.insert(0, "docs/results/cut-batch1")
 from before import row_price_before  # noqa: E402
 
 import d3d  # noqa: E402
-from bench.common import machine, print_runs_over_ar, runs_over_ar, write_json  # noqa: E402
+from bench.common import machine, print_runs_over_ar, request_sets, runs_over_ar, write_json  # noqa: E402
 from d3d.data.corpus import training_corpus  # noqa: E402
 from d3d.data.prompts import mtbench_prompts, summary_request  # noqa: E402
 from d3d.decode import speculative  # noqa: E402
@@ -49,10 +50,12 @@ for s in wanted:
     elif s in ("code", "explain"):
         sets[s] = chat_prompts(tok, training_corpus(path), 0.05, 8, "validation", seed=1234, templates=1,
                                explain=s == "explain")
+    elif s == "mtbench-free":
+        sets[s] = request_sets(tok, path, [s])[s]
     elif s == "mtbench":
         sets[s] = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}]) for i in MTBENCH_VALIDATION]
     else:
-        raise SystemExit(f"SETS: unknown set {s!r} (long, long-eval, code, explain, mtbench)")
+        raise SystemExit(f"SETS: unknown set {s!r} (long, long-eval, code, explain, mtbench, mtbench-free)")
 window_now, price_now = speculative.DRAFT_WINDOW, speculative.RowPrice
 
 
