@@ -1,7 +1,7 @@
 """d3d vs llama.cpp on the same GGUF and machine: chat requests, end-to-end tok/s, one run, interleaved.
 
 For every request (code: HumanEval functions to complete; prose: MT-Bench questions; evaluation
-prompts only), four engines answer greedily with the same prompt tokens and the same thread count:
+prompts only), these engines answer greedily with the same prompt tokens and the same thread count:
 
     llama-ar      llama.cpp ``llama-completion`` (plain decoding of the GGUF)
     llama-lookup  llama.cpp ``llama-lookup`` (its prompt-lookup speculation, ``--spec-draft-n-max``)
@@ -48,7 +48,7 @@ from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
 
-ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d")
+ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store")
 SPECULATIVE = ("d3d-alone", "d3d", "d3d-store")  # d3d's engines that need a drafter
 
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
     store = d3d.load_datastore(args.datastore, target) if args.datastore and drafter is not None else None
-    engines = tuple(e for e in ENGINES + ("d3d-store",) if (e not in SPECULATIVE or drafter is not None)
+    engines = tuple(e for e in ENGINES if (e not in SPECULATIVE or drafter is not None)
                     and (e != "llama-spec" or args.llama_draft) and (e != "d3d-store" or store is not None))
     if note:
         print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)

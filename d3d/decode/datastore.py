@@ -186,7 +186,7 @@ def load_datastore(paths, target=None, **kw) -> Datastore:
     if not paths:
         raise ValueError("load_datastore: no answer store directory given")
     mine = target_fingerprint(target) if target is not None else None
-    name = real_model_name(getattr(target, "source", None)) if target is not None else None
+    name = real_model_name(target.source) if target is not None else None
     answers = []
     for path in paths:
         manifest = read_manifest(path)

@@ -185,7 +185,7 @@ def make_chat_training_data(target: Transformer, tok: Tokenizer, corpus_root: st
     batching, ``d3d.decode.continuous``) and kept after every ``batch`` requests (a killed call's answers
     are sealed by the next); ``minutes``: stop generating after this much wall time and seal what
     was made — data in chunks that fit a session."""
-    store = AnswerStore(store_dir, target_fingerprint(target), gen_len, real_model_name(getattr(target, "source", None)))
+    store = AnswerStore(store_dir, target_fingerprint(target), gen_len, real_model_name(target.source))
     dtype = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
     if store.seal(None, dtype):
         log(f"{store.root}: sealed the answers a killed call left pending")

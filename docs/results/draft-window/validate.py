@@ -7,8 +7,8 @@ turns, the order reversed every other request. Run from the repository root:
 
 SETS, comma-separated: ``long`` (4 standard-library modules, their first ~2,000 tokens shown, a summary asked:
 argparse, textwrap, difflib, shlex), ``long-eval`` (the same for json.decoder, csv, heapq, fractions; reported,
-never chosen on), ``code``, ``explain`` (8 validation requests each, as cut-batch1/validate.py), ``mtbench`` (its
-8 validation questions), ``mtbench-free`` (8 more: role-play and free writing, ``bench.common.MTBENCH_SETS``).
+never chosen on), and the sets of ``bench.common.request_sets``: ``code``, ``explain`` (8 validation requests each,
+as cut-batch1/validate.py), ``mtbench`` (its 8 validation questions), ``mtbench-free`` (8 role-play questions).
 RUN: ``ar``; ``now`` (the defaults); ``window=N`` (the defaults with DRAFT_WINDOW = N, 0: none); ``before`` (no
 window and the row price of commit c809e9c, whose R counted the catch-up round); ``r-before`` (the window, with
 c809e9c's row price); ``price@REV`` (the defaults with the row price of git revision REV).
@@ -22,16 +22,13 @@ from before import row_price_before  # noqa: E402
 
 import d3d  # noqa: E402
 from bench.common import machine, print_runs_over_ar, request_sets, runs_over_ar, write_json  # noqa: E402
-from d3d.data.corpus import training_corpus  # noqa: E402
-from d3d.data.prompts import mtbench_prompts, summary_request  # noqa: E402
+from d3d.data.prompts import summary_request  # noqa: E402
 from d3d.decode import speculative  # noqa: E402
 from d3d.draft.pick import pick_drafter  # noqa: E402
 from d3d.fetch import resolve_model  # noqa: E402
-from d3d.train.chat_data import chat_prompts  # noqa: E402
 
 BEFORE = "c809e9c"
 LONG = {"long": ["argparse", "textwrap", "difflib", "shlex"], "long-eval": ["json.decoder", "csv", "heapq", "fractions"]}
-MTBENCH_VALIDATION = [6, 7, 8, 9, 61, 65, 71, 75]
 torch.set_grad_enabled(False)
 name, wanted, out_path = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 args = sys.argv[4:]
@@ -43,19 +40,8 @@ target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
 _, drafter, _ = pick_drafter(target, "sync", None)
 
 
-sets = {}
-for s in wanted:
-    if s in LONG:
-        sets[s] = [summary_request(tok, m) for m in LONG[s]]
-    elif s in ("code", "explain"):
-        sets[s] = chat_prompts(tok, training_corpus(path), 0.05, 8, "validation", seed=1234, templates=1,
-                               explain=s == "explain")
-    elif s == "mtbench-free":
-        sets[s] = request_sets(tok, path, [s])[s]
-    elif s == "mtbench":
-        sets[s] = [tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}]) for i in MTBENCH_VALIDATION]
-    else:
-        raise SystemExit(f"SETS: unknown set {s!r} (long, long-eval, code, explain, mtbench, mtbench-free)")
+# the long prompts here; the rest as bench.common.request_sets names them (it refuses an unknown name)
+sets = {s: [summary_request(tok, m) for m in LONG[s]] if s in LONG else request_sets(tok, path, [s])[s] for s in wanted}
 window_now, price_now = speculative.DRAFT_WINDOW, speculative.RowPrice
 
 
