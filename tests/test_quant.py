@@ -461,7 +461,8 @@ def test_bundled_pair_quantized_is_lossless(fmt, activations, monkeypatch):
 @needs_kernel
 def test_embedding_lookup_keeps_rows_and_gives_the_dequantized_ones():
     """QuantEmbedding keeps the rows it dequantized: every lookup equals dequantizing its ids, through repeats,
-    a full store starting over, a lookup of more distinct ids than it keeps, and a new matrix swapped in."""
+    a full store starting over, a lookup of more distinct ids than it keeps, a new matrix swapped in, and a
+    lookup outside inference_mode after rows were kept in it."""
     from d3d.cpu.quant import quantize
     from d3d.model.transformer import QuantEmbedding
 
@@ -477,6 +478,12 @@ def test_embedding_lookup_keeps_rows_and_gives_the_dequantized_ones():
     emb.weight = second
     ids = torch.tensor([1, 2, 3])
     assert torch.equal(emb(ids), second.dequantize(ids))
+    emb = QuantEmbedding(second)
+    with torch.inference_mode():  # rows kept under inference_mode (generate), then a new row outside it
+        emb(torch.tensor([4]))
+    with torch.no_grad():
+        ids = torch.tensor([4, 12])
+        assert torch.equal(emb(ids), second.dequantize(ids))
 
 
 @needs_kernel

@@ -150,7 +150,8 @@ class QuantEmbedding(nn.Module):
         self._slot, self._rows, self._of = {}, torch.empty(0, self.embedding_dim), None  # token id -> row of _rows
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self._of is not self.weight:  # a new matrix swapped in: its own rows
+        # a new matrix swapped in: its own rows; rows kept under inference_mode cannot be written outside it
+        if self._of is not self.weight or (self._rows.is_inference() and not torch.is_inference_mode_enabled()):
             self._slot, self._rows, self._of = {}, torch.empty(0, self.embedding_dim), self.weight
         wanted = ids.reshape(-1).tolist()
         new = [i for i in dict.fromkeys(wanted) if i not in self._slot]
