@@ -19,7 +19,7 @@ import torch
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, INSTALL_HINTS, models_dir
 from .cpu.precision import auto_dtype
 from .hardware import cpu_flags, llc_bytes
-from .kernels import attention_cpu, glue_cpu, layers_cpu, quant, skinny
+from .kernels import attention_cpu, glue_cpu, layers_cpu, quant, quant_dense, skinny
 
 # (what, source, whether this machine has it, why not, what d3d does without it)
 KERNELS = (
@@ -31,6 +31,8 @@ KERNELS = (
      "quantized matmuls take the AVX2 int8 kernel below"),
     ("int8 activations, AVX2", "quant_maddubs.cpp", quant.maddubs_available, quant.why_maddubs_unavailable,
      "without VNNI too, quantized matmuls keep fp32 activations"),
+    ("prefill tiles", "quant_dense.cpp", quant_dense.available, quant_dense.why_unavailable,
+     "a long prompt's prefill takes the int8 kernels (on an AMX Xeon ~1.5x slower)"),
     ("decoding attention", "attend_cpu.cpp", attention_cpu.available, attention_cpu.why_unavailable,
      "attention runs on torch's SDPA; exact verification attends one row at a time and takes no leaves"),
     ("decoding glue", "glue_cpu.cpp", glue_cpu.available, glue_cpu.why_unavailable,

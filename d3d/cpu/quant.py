@@ -31,7 +31,8 @@ import torch
 
 from .. import env
 from ..hardware import cpu_flags
-from ..kernels import quant as kernel
+from ..kernels import quant as kernel, quant_dense
+from . import prefill
 
 FORMATS = ("int8", "int4")  # what ``quantize`` makes from dense weights (int5 comes from GGUF Q5_0 only)
 INT4_GROUP = 32  # the group of int4 made from dense weights (Q4_K's group)
@@ -94,6 +95,7 @@ class QuantWeight:
                              f"{tuple(high.shape)}")
         self.bits, self.out_features, self.in_features = bits, n, k
         self._call = None  # the kernel bound to these panels (linear)
+        self._tiles = None  # ... and the tiles' (a prefill's passes: d3d.cpu.prefill)
         self.group = k // scale.shape[1]
         if bits != 8 and self.group % 2:
             raise ValueError(f"{what}: int4/int5 groups must be even, got {self.group}")
@@ -182,7 +184,7 @@ class QuantWeight:
         return QuantWeight(*self.parts(rows.to(self.device)))
 
     def __getstate__(self):  # a copy (or a pickle) binds the kernel to its own panels when it first multiplies
-        return {**self.__dict__, "_call": None}
+        return {**self.__dict__, "_call": None, "_tiles": None}
 
     def kernel_args(self) -> dict:
         """What the kernel takes besides x (``kernels.quant.bound``; ``d3d.kernels.layers_cpu`` too)."""
@@ -195,6 +197,9 @@ class QuantWeight:
         pass (docs/results/pass-rest/)."""
         if self._call is None:  # bound on first use: the kernel is built then, not when a model loads
             self._call = kernel.bound(**self.kernel_args(), int8_activations=self.int8_activations)
+        tiles = prefill.rows(x.shape[0]) if x.dim() == 2 and self.in_features % 32 == 0 else None
+        if tiles is not None:  # a long prompt's rows: AMX's bf16 tiles (d3d.cpu.prefill)
+            return self.with_tiles(x, tiles, bias)
         if x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
             y = self._call(x)
             return y if bias is None else y.add_(bias)
@@ -202,6 +207,19 @@ class QuantWeight:
         if bias is not None:
             y += bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def with_tiles(self, x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``linear`` of x [T, K] with the rows ``tiles`` (a bool mask) through AMX's bf16 tiles, the others through
+        the kernel as always (``d3d.cpu.prefill``)."""
+        if self._tiles is None:
+            self._tiles = quant_dense.bound(**self.kernel_args())
+        if bool(tiles.all()):
+            y = self._tiles(x)
+        else:
+            y = x.new_empty(x.shape[0], self.out_features, dtype=torch.float32)
+            y[tiles] = self._tiles(x[tiles])
+            y[~tiles] = self._call(x[~tiles].float().contiguous())
+        return (y if bias is None else y.add_(bias)).to(x.dtype)
 
 
 class Stacked:

@@ -21,6 +21,7 @@ import torch
 
 from .generation import Decoder, GenerationOutput, GenerationStats, StreamFn, sampling_generator
 from .sequence import Sequence, all_greedy
+from ..cpu import prefill as prefill_tiles
 from ..model.transformer import Transformer
 from .config import MODES, Sampling, SpecConfig, as_spec, resolved_spec
 from .sampling import check_lossless_sampling, check_sampling_args
@@ -107,21 +108,23 @@ class ArDecoder(Decoder):
         if seqs:
             feeds = [s.tokens[self.cache.lengths[s.row]:] for s in seqs]  # what each row does not hold yet
             logits = self.timed_pass(feeds, [s.row for s in seqs], prefill=all(s.num_output == 0 for s in seqs),
-                                     greedy=all_greedy(seqs))
+                                     greedy=all_greedy(seqs), prompts=[s.num_output == 0 for s in seqs])
             for seq, t in zip(seqs, self.pick(seqs, logits)):
                 self.emit(seq, [t])
         return seqs
 
     @torch.inference_mode()
-    def timed_pass(self, feeds: list[list[int]], rows: list[int], prefill: bool, greedy: bool = False) -> torch.Tensor:
+    def timed_pass(self, feeds: list[list[int]], rows: list[int], prefill: bool, greedy: bool = False,
+                   prompts: list[bool] | None = None) -> torch.Tensor:
         """One target pass appending ``feeds[i]`` to cache row ``rows[i]``: the logits of each feed's last
         token (``greedy``: for their argmax only). Counted as a target forward; its time is prefill's where
-        ``prefill``."""
+        ``prefill``. ``prompts[i]``: feed i is a prompt's tokens (default: all are), which may take AMX's tiles."""
         layout = self.cache.layout([len(f) for f in feeds], rows=rows)
         ids = torch.tensor([t for f in feeds for t in f], device=self.target.device)
         last = None if len(ids) == len(feeds) else layout.last_token_index()  # one token a row: every logit
-        logits, (t0, t1) = self.clock.timed(lambda: self.target(ids, layout, self.cache, logits_index=last,
-                                                                greedy=greedy))
+        with prefill_tiles.tiles([len(f) for f in feeds], prompts):  # long prompts (d3d.cpu.prefill)
+            logits, (t0, t1) = self.clock.timed(lambda: self.target(ids, layout, self.cache, logits_index=last,
+                                                                    greedy=greedy))
         self.stats.target_forwards += 1
         if prefill:
             self.stats.prefill_seconds += t1 - t0

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from ..cpu import prefill as prefill_tiles
 from ..model.cache import KVCache
 from ..model.transformer import Transformer
 from .sampling import sample_rows
@@ -215,10 +216,11 @@ def prefill(target: Transformer, prompts: list[list[int]], cache: KVCache, pick:
     each row's argmax only."""
     layout = cache.layout([len(p) for p in prompts], rows)
     ids = torch.tensor([t for p in prompts for t in p], device=target.device)
-    if hidden_layers:
-        logits, hidden = target(ids, layout, cache, hidden_layers=hidden_layers)
-        return pick(logits[layout.last_token_index()]), hidden
-    return pick(target(ids, layout, cache, logits_index=layout.last_token_index(), greedy=greedy)), None
+    with prefill_tiles.tiles([len(p) for p in prompts]):  # long prompts: AMX's bf16 tiles (d3d.cpu.prefill)
+        if hidden_layers:
+            logits, hidden = target(ids, layout, cache, hidden_layers=hidden_layers)
+            return pick(logits[layout.last_token_index()]), hidden
+        return pick(target(ids, layout, cache, logits_index=layout.last_token_index(), greedy=greedy)), None
 
 
 def sampling_generator(device: torch.device, sampling) -> torch.Generator | None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cpu import linear as cpu_linear
+from ..cpu import linear as cpu_linear, prefill
 from .cache import KVCache, PassLayout
 from .config import ModelConfig
 from ..kernels import glue_cpu, layers_cpu, use_triton
@@ -479,9 +479,9 @@ class Transformer(nn.Module):
     def _bound_cpu_layers(self, x, layout, cache):
         """``bind_cpu_layers``' layers where this pass can take them: a packed inference pass over an fp32 cache
         whose attention runs on attend_cpu (``CpuPlan``: at most ``MAX_QUERIES`` rows); else None."""
-        if (cache is None or not self.cpu_layers or torch.is_grad_enabled() or x.dtype != self.dtype
-                or x.dim() != 2 or cache.k[0].dtype != torch.float32 or not isinstance(layout.plan(), CpuPlan)):
-            return None
+        if (cache is None or not self.cpu_layers or torch.is_grad_enabled() or x.dtype != self.dtype or x.dim() != 2
+                or cache.k[0].dtype != torch.float32 or not isinstance(layout.plan(), CpuPlan) or prefill.marked()):
+            return None  # (a long prompt's rows take AMX's tiles in the modules: d3d.cpu.prefill)
         if self._cpu_layers and any(t._version != v for t, v in self._cpu_layers[1]):
             self._cpu_layers = None  # a dense weight changed in place (training): its copies are made again
         if self._cpu_layers is None:

@@ -1,0 +1,75 @@
+"""A quantized matrix times many rows with AMX's bf16 tiles (``quant_dense.cpp``): each panel of 16 columns
+dequantized once to bf16 tiles in cache, up to 96 rows at a time multiplied by it, fp32 sums.
+
+For a prompt's prefill (``d3d.cpu.prefill``), where the int8-activation kernels (``quant.matmul_vnni``) are bound by
+their multiply-adds. Not their bits (bf16 weights and activations); each row's sums depend on that row alone.
+
+Torch reference: ``quant.dequantize(...)`` rounded to bf16, times x in bf16, summed in fp32 (``F.linear`` on
+``.float()`` copies); ``dequantize`` here returns the kernel's fp32 values for the bit-exact check.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from .cpp import AVX2, AVX2_FLAGS, build
+
+SOURCE = Path(__file__).with_name("quant_dense.cpp")
+
+
+@functools.cache
+def _load():
+    """(module, None) or (None, why not). -ffp-contract=off: int4's q * s - m rounds twice, as the kernels do."""
+    return build("d3d_quant_dense", SOURCE, AVX2_FLAGS + ["-ffp-contract=off"],
+                 needs=AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"})
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def why_unavailable() -> str | None:
+    return _load()[1]
+
+
+def _module():
+    module, why = _load()
+    if module is None:
+        raise RuntimeError(f"d3d.kernels.quant_dense: unavailable: {why}")
+    return module
+
+
+_EMPTY = torch.empty(0)
+
+
+def _args(q, h, s, m, sd, md):
+    return q, _EMPTY if h is None else h, s, _EMPTY if m is None else m, _EMPTY if sd is None else sd, \
+        _EMPTY if md is None else md
+
+
+def dequantize(q, h, s, m, n: int, k: int, group: int, bits: int, sd=None, md=None) -> torch.Tensor:
+    """W^T [K, n] fp32 from the panels (``QuantWeight.kernel_args``; bits 6: ``int6_to_panels``' layout): the
+    values the kernels compute with, which ``matmul`` rounds to bf16."""
+    return _module().dequantize(*_args(q, h, s, m, sd, md), k, n, group, bits)
+
+
+def amx_usable() -> bool:
+    """Whether the tiles run in this process (the CPU has them and Linux lets this process use them)."""
+    return available() and _module().amx_usable()
+
+
+def matmul(x: torch.Tensor, q, h, s, m, n: int, group: int, bits: int, sd=None, md=None) -> torch.Tensor:
+    """x [M, K] (rounded to bf16) @ W^T -> [M, n] fp32 with the tiles."""
+    return _module().matmul(x.to(torch.bfloat16).contiguous(), *_args(q, h, s, m, sd, md), n, group, bits)
+
+
+def bound(q, h, s, m, n: int, group: int, bits: int, sd=None, md=None):
+    """``matmul`` of one matrix as a function of x (``QuantWeight.linear`` in a prefill)."""
+    module, args = _module(), _args(q, h, s, m, sd, md)
+    return lambda x: module.matmul(x.to(torch.bfloat16).contiguous(), *args, n, group, bits)
+
+
+__all__ = ["available", "why_unavailable", "amx_usable", "dequantize", "matmul", "bound"]
