@@ -29,7 +29,9 @@ def timed(target, ids: list[int], reps: int) -> dict:
     def run(setting):
         def go():
             os.environ["D3D_PREFILL_TILES"] = setting
-            prefill(target, [ids], cache, lambda logits: logits.argmax(-1).tolist(), rows=[0])
+            cache.crop(0, 0)
+            with torch.inference_mode():
+                prefill(target, [ids], cache, lambda logits: logits.argmax(-1).tolist(), rows=[0])
         return go
 
     times = interleaved({"int8": run("off"), "tiles": run("on")}, reps)
