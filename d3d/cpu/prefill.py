@@ -26,7 +26,7 @@ import torch
 from .. import env
 from ..kernels import quant_dense
 
-MIN_ROWS = 64  # a prompt's tokens before its rows take the tiles (docs/results/prefill-tiles/: 1.06-1.15x at 64)
+MIN_ROWS = 48  # a prompt's tokens before its rows take the tiles (docs/results/prefill-tiles/min_rows_*.json)
 _ROWS = contextvars.ContextVar("d3d_prefill_rows", default=None)  # the marked pass's rows that take the tiles
 
 

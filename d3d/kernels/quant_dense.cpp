@@ -51,22 +51,8 @@ Scales scales(const torch::Tensor& t, const torch::Tensor& d) {
     return {t.data_ptr(), kind == 2 ? d.data_ptr<at::Half>() : nullptr, kind, t.size(1), kind == 2 ? d.size(1) : 0};
 }
 
-// Group g's values of a panel's 16 columns (scales or mins) in fp32 (two-level: exact products).
-void group_values(const Scales& t, int64_t p, int64_t g, float* out) {
-    const int64_t at = (p * t.groups + g) * NR;
-    if (t.kind == 0) {
-        std::memcpy(out, static_cast<const float*>(t.v) + at, NR * sizeof(float));
-    } else if (t.kind == 1) {
-        for (int j = 0; j < NR; ++j) out[j] = static_cast<float>(static_cast<const at::Half*>(t.v)[at + j]);
-    } else {
-        const int8_t* f = static_cast<const int8_t*>(t.v) + at;
-        const at::Half* d = t.d + (p * t.supers + g / (t.groups / t.supers)) * NR;
-        for (int j = 0; j < NR; ++j) out[j] = static_cast<float>(d[j]) * static_cast<float>(f[j]);
-    }
-}
-
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,f16c,amx-tile,amx-bf16")
 #include <immintrin.h>
 
 // The 16 integer values (offset as the format says, before the scale) of panel p's columns at k (e) and k + 1 (o),
@@ -109,26 +95,31 @@ inline void values(const Mat& W, int64_t p, int64_t k, __m512i& e, __m512i& o) {
     }
 }
 
-// The fp32 values of panels p0 .. p0 + np (a test's reference for b_tiles): column j of panel p0 + i at
-// out + k * ld + 16 i + j, k outermost so that each row of out is written front to back.
+// Group g's scales (or mins) of panel p's 16 columns, in fp32 (two-level: the exact products of
+// the factors).
+inline __m512 group_vector(const Scales& t, int64_t p, int64_t g) {
+    const int64_t at = (p * t.groups + g) * NR;
+    if (t.kind == 0) return _mm512_loadu_ps(static_cast<const float*>(t.v) + at);
+    if (t.kind == 1)
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const at::Half*>(t.v) + at)));
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(t.v) + at))));
+    const at::Half* d = t.d + (p * t.supers + g / (t.groups / t.supers)) * NR;
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d))), f);
+}
+
+// The fp32 values of panel p (the reference b_tiles' bf16 rounds, for tests): column j at out + k * ld + j.
 template <int BITS>
-void chunk_of(const Mat& W, int64_t p0, int64_t np, float* out, int64_t ld) {
-    std::vector<float> s(np * NR), m(np * NR);  // group g's scales (and mins) of the chunk's panels
+void panel_values(const Mat& W, int64_t p, float* out, int64_t ld) {
     for (int64_t g = 0; g < W.K / W.G; ++g) {
-        for (int64_t i = 0; i < np; ++i) {
-            group_values(W.s, p0 + i, g, s.data() + i * NR);
-            if (BITS == 4) group_values(W.m, p0 + i, g, m.data() + i * NR);
-        }
+        const __m512 sv = group_vector(W.s, p, g), mv = BITS == 4 ? group_vector(W.m, p, g) : _mm512_setzero_ps();
         for (int64_t k = g * W.G; k < (g + 1) * W.G; k += 2) {
-            for (int64_t i = 0; i < np; ++i) {
-                __m512i qe, qo;
-                values<BITS>(W, p0 + i, k, qe, qo);
-                const __m512 sv = _mm512_loadu_ps(&s[i * NR]), mv = _mm512_loadu_ps(&m[i * NR]);
-                __m512 e = _mm512_mul_ps(_mm512_cvtepi32_ps(qe), sv), o = _mm512_mul_ps(_mm512_cvtepi32_ps(qo), sv);
-                if (BITS == 4) e = _mm512_sub_ps(e, mv), o = _mm512_sub_ps(o, mv);
-                _mm512_storeu_ps(out + k * ld + i * NR, e);
-                _mm512_storeu_ps(out + (k + 1) * ld + i * NR, o);
-            }
+            __m512i qe, qo;
+            values<BITS>(W, p, k, qe, qo);
+            __m512 e = _mm512_mul_ps(_mm512_cvtepi32_ps(qe), sv), o = _mm512_mul_ps(_mm512_cvtepi32_ps(qo), sv);
+            if (BITS == 4) e = _mm512_sub_ps(e, mv), o = _mm512_sub_ps(o, mv);
+            _mm512_storeu_ps(out + k * ld, e);
+            _mm512_storeu_ps(out + (k + 1) * ld, o);
         }
     }
 }
@@ -150,14 +141,11 @@ inline void configure() {
 // the next, a column's pair in one 32-bit word.
 template <int BITS>
 void b_tiles(const Mat& W, int64_t p, uint32_t* B) {
-    alignas(64) float s[NR], m[NR];
     // word j of a B row: column j's bf16 at k (low half) and k + 1 (high): cvtne2ps's 32 values, e then o, interleaved
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                            23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int64_t g = 0; g < W.K / W.G; ++g) {
-        group_values(W.s, p, g, s);
-        if (BITS == 4) group_values(W.m, p, g, m);
-        const __m512 sv = _mm512_load_ps(s), mv = _mm512_load_ps(m);
+        const __m512 sv = group_vector(W.s, p, g), mv = BITS == 4 ? group_vector(W.m, p, g) : _mm512_setzero_ps();
         for (int64_t k = g * W.G; k < (g + 1) * W.G; k += 2) {
             __m512i qe, qo;
             values<BITS>(W, p, k, qe, qo);
@@ -221,12 +209,12 @@ void panels(const Mat& W, const uint16_t* x, int64_t Mp, int64_t p0, int64_t p1,
 
 #pragma GCC pop_options
 
-void dequant_chunk(const Mat& W, int64_t p0, int64_t np, float* out, int64_t ld) {
+void values_of(const Mat& W, int64_t p, float* out, int64_t ld) {
     switch (W.bits) {
-        case 4: return chunk_of<4>(W, p0, np, out, ld);
-        case 5: return chunk_of<5>(W, p0, np, out, ld);
-        case 6: return chunk_of<6>(W, p0, np, out, ld);
-        default: return chunk_of<8>(W, p0, np, out, ld);
+        case 4: return panel_values<4>(W, p, out, ld);
+        case 5: return panel_values<5>(W, p, out, ld);
+        case 6: return panel_values<6>(W, p, out, ld);
+        default: return panel_values<8>(W, p, out, ld);
     }
 }
 
@@ -250,7 +238,7 @@ torch::Tensor dequantize(torch::Tensor q, torch::Tensor h, torch::Tensor s, torc
     const int64_t P = q.size(0);
     auto out = torch::empty({K, P * NR}, torch::kFloat);
     at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-        dequant_chunk(W, p0, p1 - p0, out.data_ptr<float>() + p0 * NR, P * NR);
+        for (int64_t p = p0; p < p1; ++p) values_of(W, p, out.data_ptr<float>() + p * NR, P * NR);
     });
     return out.narrow(1, 0, N).contiguous();
 }

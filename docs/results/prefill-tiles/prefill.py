@@ -3,7 +3,10 @@ turns, medians) and what the tiles change in the model's predictions (the mean n
 prompt's next tokens, and how often the argmax differs), on the first T tokens of a standard-library module shown
 for a summary. Run from the repository root:
 
-    python docs/results/prefill-tiles/prefill.py MODEL OUT.json [REPS]
+    python docs/results/prefill-tiles/prefill.py MODEL OUT.json [REPS] [--lengths 24,32,...] [--min-rows N]
+
+``--min-rows``: the prompt length from which the tiles are taken, for this run (``d3d.cpu.prefill.MIN_ROWS``): how it
+was chosen.
 """
 import os
 import statistics
@@ -53,26 +56,37 @@ def predictions(target, ids: list[int]) -> dict:
     return {"nll_int8": nll["off"], "nll_tiles": nll["on"], "argmax_agreement": agree}
 
 
-def main(name: str, out: str, reps: int = 5) -> None:
+def main(name: str, out: str, reps: int = 5, lengths=LENGTHS, min_rows: int | None = None) -> None:
+    if min_rows is not None:
+        tiles.MIN_ROWS = min_rows
     path = resolve_model(name)
     target, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
     if not tiles.usable():
         raise SystemExit("AMX's bf16 tiles do not run here: nothing to compare")
     text = summary_request(tok, "argparse")
     rows = []
-    for n in LENGTHS:
+    for n in lengths:
         ms = timed(target, text[:n], reps)
         rows.append({"tokens": n, "int8_ms": ms["int8"], "tiles_ms": ms["tiles"], "speedup": ms["int8"] / ms["tiles"]})
         print(f"{n:4d} tokens: int8 kernels {ms['int8']:7.1f} ms, tiles {ms['tiles']:7.1f} ms "
               f"({ms['int8'] / ms['tiles']:.2f}x)", flush=True)
-    quality = predictions(target, text[:512])
-    print(f"512 tokens: NLL {quality['nll_int8']:.4f} (int8) {quality['nll_tiles']:.4f} (tiles), argmax agreement "
+    quality = predictions(target, text[:max(lengths)])
+    print(f"{max(lengths)} tokens: NLL {quality['nll_int8']:.4f} (int8) {quality['nll_tiles']:.4f} (tiles), argmax agreement "
           f"{quality['argmax_agreement']:.4f}", flush=True)
     write_json(out, {"model": name, "cpu_flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
-                     "weights": target.weights, "reps": reps, "prefill": rows, "predictions_512": quality})
+                     "weights": target.weights, "reps": reps, "min_rows": tiles.MIN_ROWS, "prefill": rows,
+                     f"predictions_{max(lengths)}": quality})
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4):
+    args = sys.argv[1:]
+    opts = {}
+    for flag, key, parse in (("--lengths", "lengths", lambda v: tuple(map(int, v.split(",")))),
+                             ("--min-rows", "min_rows", int)):
+        if flag in args:
+            i = args.index(flag)
+            opts[key] = parse(args[i + 1])
+            del args[i:i + 2]
+    if len(args) not in (2, 3):
         raise SystemExit(__doc__)
-    main(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:]))
+    main(args[0], args[1], *map(int, args[2:]), **opts)
