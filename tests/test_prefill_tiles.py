@@ -15,8 +15,8 @@ from d3d.kernels import quant as kernel, quant_dense
 from test_quant import random_blocks
 
 needs_tiles = pytest.mark.skipif(not quant_dense.amx_usable(),
-                                 reason=f"AMX's bf16 tiles do not run here: {quant_dense.why_unavailable() or 'no AMX'}")
-needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"quant kernel unavailable: {kernel.why_unavailable()}")
+                                 reason=f"no AMX bf16 tiles here: {quant_dense.why_unavailable() or 'no AMX'}")
+needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"no quant kernel: {kernel.why_unavailable()}")
 KINDS = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "int8", "int4"]
 
 

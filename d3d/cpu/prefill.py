@@ -3,8 +3,8 @@
 A prefill pass multiplies every prompt token by every matrix. The int8-activation kernels that decode
 (``d3d.kernels.quant.matmul_vnni``) are bound there by their multiply-adds, ~0.3 T a second on 2 cores for any
 row count past ~8; AMX's bf16 tiles multiply at ~1.5 T flops a second once a panel is dequantized to bf16
-(``d3d.kernels.quant_dense``). On an AMX Xeon a 128-token prefill of the 1.5B took 748 ms through the int8 kernels
-and 472 through the tiles, 1.06-1.15x at 64 tokens, slower below (docs/results/prefill-tiles/).
+(``d3d.kernels.quant_dense``). On an AMX Xeon a 128-token prefill of the 1.5B took 722 ms through the int8 kernels
+and 418 through the tiles; at 48 tokens 1.06-1.26x, slower below 40 (docs/results/prefill-tiles/).
 
 The tiles' numerics are not the int8 kernels' (bf16 weights and activations, fp32 sums), so which rows take them
 is decided by each row's own sequence, never by what else shares its pass: the rows of a prompt of ``MIN_ROWS``

@@ -24,6 +24,14 @@ NOTICE_AFTER_S = 2.0  # a cached build loads in well under this; a longer load i
 STALE_LOCK_S = 300.0  # a build takes ~35 s; a lock this old was left by a build that was killed
 
 
+def module_of(loaded: tuple, what: str):
+    """The module of a ``build`` result, or a RuntimeError naming ``what`` and why it is unavailable."""
+    module, why = loaded
+    if module is None:
+        raise RuntimeError(f"{what}: unavailable: {why}")
+    return module
+
+
 def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AVX2) -> tuple[object | None, str | None]:
     """``(module, None)``, or ``(None, why not)`` where this CPU (it lacks a flag of ``needs``) or
     machine cannot build ``source``."""

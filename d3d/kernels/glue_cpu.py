@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .cpp import AVX2_FLAGS, build
+from .cpp import AVX2_FLAGS, build, module_of
 
 SOURCE = Path(__file__).with_name("glue_cpu.cpp")
 _EMPTY = torch.empty(0)
@@ -38,10 +38,7 @@ def why_unavailable() -> str | None:
 
 
 def _module():
-    module, why = _load()
-    if module is None:
-        raise RuntimeError(f"d3d.kernels.glue_cpu: unavailable: {why}")
-    return module
+    return module_of(_load(), "d3d.kernels.glue_cpu")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -89,7 +89,8 @@ inline void values(const Mat& W, int64_t p, int64_t k, __m512i& e, __m512i& o) {
         const __m512i up = _mm512_mask_blend_epi32(0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
         const __m512i three = _mm512_set1_epi32(3), thirty_two = _mm512_set1_epi32(32);
         const __m512i te = _mm512_and_si512(_mm512_srlv_epi32(crumb, up), three);
-        const __m512i to = _mm512_and_si512(_mm512_srlv_epi32(crumb, _mm512_add_epi32(up, _mm512_set1_epi32(4))), three);
+        const __m512i odd = _mm512_add_epi32(up, _mm512_set1_epi32(4));
+        const __m512i to = _mm512_and_si512(_mm512_srlv_epi32(crumb, odd), three);
         e = _mm512_sub_epi32(_mm512_or_si512(e, _mm512_slli_epi32(te, 4)), thirty_two);
         o = _mm512_sub_epi32(_mm512_or_si512(o, _mm512_slli_epi32(to, 4)), thirty_two);
     }
@@ -101,16 +102,17 @@ inline __m512 group_vector(const Scales& t, int64_t p, int64_t g) {
     const int64_t at = (p * t.groups + g) * NR;
     if (t.kind == 0) return _mm512_loadu_ps(static_cast<const float*>(t.v) + at);
     if (t.kind == 1)
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const at::Half*>(t.v) + at)));
+        return _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const at::Half*>(t.v) + at)));
     const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(t.v) + at))));
     const at::Half* d = t.d + (p * t.supers + g / (t.groups / t.supers)) * NR;
     return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d))), f);
 }
 
-// The fp32 values of panel p (the reference b_tiles' bf16 rounds, for tests): column j at out + k * ld + j.
-template <int BITS>
-void panel_values(const Mat& W, int64_t p, float* out, int64_t ld) {
+// Panel p's fp32 values a k pair at a time: put(k, e, o), lane j of e and o column j's values at k and k + 1.
+template <int BITS, typename Put>
+inline void panel_pairs(const Mat& W, int64_t p, Put put) {
     for (int64_t g = 0; g < W.K / W.G; ++g) {
         const __m512 sv = group_vector(W.s, p, g), mv = BITS == 4 ? group_vector(W.m, p, g) : _mm512_setzero_ps();
         for (int64_t k = g * W.G; k < (g + 1) * W.G; k += 2) {
@@ -118,10 +120,18 @@ void panel_values(const Mat& W, int64_t p, float* out, int64_t ld) {
             values<BITS>(W, p, k, qe, qo);
             __m512 e = _mm512_mul_ps(_mm512_cvtepi32_ps(qe), sv), o = _mm512_mul_ps(_mm512_cvtepi32_ps(qo), sv);
             if (BITS == 4) e = _mm512_sub_ps(e, mv), o = _mm512_sub_ps(o, mv);
-            _mm512_storeu_ps(out + k * ld, e);
-            _mm512_storeu_ps(out + (k + 1) * ld, o);
+            put(k, e, o);
         }
     }
+}
+
+// The fp32 values of panel p (what b_tiles rounds to bf16; for tests): column j at out + k * ld + j.
+template <int BITS>
+void panel_values(const Mat& W, int64_t p, float* out, int64_t ld) {
+    panel_pairs<BITS>(W, p, [&](int64_t k, __m512 e, __m512 o) {
+        _mm512_storeu_ps(out + k * ld, e);
+        _mm512_storeu_ps(out + (k + 1) * ld, o);
+    });
 }
 
 constexpr int64_t ROWS = 16, TILES = 6;  // a tile's rows; C tiles at once (tiles 0-5; A is 6, B 7)
@@ -144,17 +154,10 @@ void b_tiles(const Mat& W, int64_t p, uint32_t* B) {
     // word j of a B row: column j's bf16 at k (low half) and k + 1 (high): cvtne2ps's 32 values, e then o, interleaved
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                            23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int64_t g = 0; g < W.K / W.G; ++g) {
-        const __m512 sv = group_vector(W.s, p, g), mv = BITS == 4 ? group_vector(W.m, p, g) : _mm512_setzero_ps();
-        for (int64_t k = g * W.G; k < (g + 1) * W.G; k += 2) {
-            __m512i qe, qo;
-            values<BITS>(W, p, k, qe, qo);
-            __m512 e = _mm512_mul_ps(_mm512_cvtepi32_ps(qe), sv), o = _mm512_mul_ps(_mm512_cvtepi32_ps(qo), sv);
-            if (BITS == 4) e = _mm512_sub_ps(e, mv), o = _mm512_sub_ps(o, mv);
-            const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));  // e in the low half
-            _mm512_store_si512(B + k / 2 * NR, _mm512_permutexvar_epi16(pairs, both));
-        }
-    }
+    panel_pairs<BITS>(W, p, [&](int64_t k, __m512 e, __m512 o) {
+        const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));  // e in the low half
+        _mm512_store_si512(B + k / 2 * NR, _mm512_permutexvar_epi16(pairs, both));
+    });
 }
 
 // y [Mp, N] fp32 (ldy) += nothing: = x [Mp, K] bf16 (Mp a multiple of 16) @ panel p's B tiles, col columns valid.
@@ -224,7 +227,8 @@ Mat mat(const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& s, 
     TORCH_CHECK(q.is_contiguous() && s.is_contiguous() && q.size(2) == NR && K % G == 0 && s.size(1) == K / G,
                 "quant_dense: panels do not fit K=", K, " G=", G);
     TORCH_CHECK(q.size(1) == (bits == 8 ? K : K / 2), "quant_dense: q has ", q.size(1), " rows for K=", K);
-    TORCH_CHECK((bits == 5 || bits == 6) == h.defined() && (bits != 4 || m.defined()), "quant_dense: high bits or mins");
+    TORCH_CHECK((bits == 5 || bits == 6) == h.defined() && (bits != 4 || m.defined()),
+                "quant_dense: int5/int6 need high bits, int4 mins");
     return {reinterpret_cast<const uint8_t*>(q.data_ptr()), h.defined() ? h.data_ptr<uint8_t>() : nullptr,
             scales(s, sd), scales(m, md), K, G, bits};
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .cpp import AVX2, AVX2_FLAGS, build
+from .cpp import AVX2, AVX2_FLAGS, build, module_of
 
 SOURCE = Path(__file__).with_name("quant_dense.cpp")
 
@@ -36,10 +36,7 @@ def why_unavailable() -> str | None:
 
 
 def _module():
-    module, why = _load()
-    if module is None:
-        raise RuntimeError(f"d3d.kernels.quant_dense: unavailable: {why}")
-    return module
+    return module_of(_load(), "d3d.kernels.quant_dense")
 
 
 _EMPTY = torch.empty(0)

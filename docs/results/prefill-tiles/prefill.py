@@ -71,7 +71,8 @@ def main(name: str, out: str, reps: int = 5, lengths=LENGTHS, min_rows: int | No
         print(f"{n:4d} tokens: int8 kernels {ms['int8']:7.1f} ms, tiles {ms['tiles']:7.1f} ms "
               f"({ms['int8'] / ms['tiles']:.2f}x)", flush=True)
     quality = predictions(target, text[:max(lengths)])
-    print(f"{max(lengths)} tokens: NLL {quality['nll_int8']:.4f} (int8) {quality['nll_tiles']:.4f} (tiles), argmax agreement "
+    print(f"{max(lengths)} tokens: NLL {quality['nll_int8']:.4f} (int8) {quality['nll_tiles']:.4f} (tiles), "
+          "argmax agreement "
           f"{quality['argmax_agreement']:.4f}", flush=True)
     write_json(out, {"model": name, "cpu_flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
                      "weights": target.weights, "reps": reps, "min_rows": tiles.MIN_ROWS, "prefill": rows,

@@ -52,11 +52,13 @@ for s in sets:
                   "worst_tiles_over_int8": {e: min(v) for e, v in ratio.items()},
                   "median_tok_s": {r: statistics.median(v) for r, v in tok_s[s].items()},
                   "median_prefill_ms": {r: statistics.median(v) for r, v in prefill_ms[s].items()},
-                  "sync_over_ar": {st: statistics.median(b / a for a, b in zip(tok_s[s][f"ar {st}"], tok_s[s][f"sync {st}"]))
+                  "sync_over_ar": {st: statistics.median(b / a for a, b in zip(tok_s[s][f"ar {st}"],
+                                                                                tok_s[s][f"sync {st}"]))
                                    for st in ("int8", "tiles")},
                   "outputs_parted": parted[s], "requests": len(sets[s]) * reps}
     m = summary[s]
-    print(f"{s:12} tiles/int8: ar {m['median_tiles_over_int8']['ar']:.3f}x, sync {m['median_tiles_over_int8']['sync']:.3f}x;"
+    gain = m["median_tiles_over_int8"]
+    print(f"{s:12} tiles/int8: ar {gain['ar']:.3f}x, sync {gain['sync']:.3f}x;"
           f" prefill ms (ar) {m['median_prefill_ms']['ar int8']:.0f} -> {m['median_prefill_ms']['ar tiles']:.0f};"
           f" sync/ar {m['sync_over_ar']['int8']:.3f} -> {m['sync_over_ar']['tiles']:.3f};"
           f" outputs parted {parted[s]}/{len(sets[s]) * reps}")
