@@ -107,7 +107,8 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float:
-        """Generated tokens per second of decoding (prefill excluded; the first token comes from prefill)."""
+        """Generated tokens per second, the prefill's time included (it gives the first token), as ``bench llamacpp``
+        counts llama.cpp's."""
         t = self.prefill_seconds + self.decode_seconds
         return self.total_generated / t if t > 0 else 0.0
 
