@@ -10,7 +10,7 @@ import torch
 
 import d3d
 from d3d.cpu import prefill
-from d3d.cpu.quant import quantize
+from d3d.cpu.quant import QuantWeight, Stacked, quantize
 from d3d.kernels import quant as kernel, quant_dense
 from test_quant import random_blocks
 
@@ -59,20 +59,23 @@ def test_products_equal_the_bf16_reference_and_each_row_alone(kind):
         assert torch.equal(quant_dense.matmul(x[m:m + 1], **w.kernel_args())[0], y[m])
 
 
-def stand_in(monkeypatch):
-    """The tiles replaced by their torch reference, where no AMX is needed: the plumbing's test."""
+def stand_in(monkeypatch, model):
+    """The tiles' kernel replaced by its torch reference for ``model``'s matrices, where no AMX is needed: the
+    plumbing's test (which rows take it, ``QuantWeight.with_tiles`` splitting a pass between it and the int8
+    kernels). Returns the row counts the kernel got."""
     monkeypatch.setattr(prefill, "_amx", lambda: True)
-    calls = []
+    weights, calls = {}, []
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        for part in w.parts if isinstance(w, Stacked) else [w]:
+            if isinstance(part, QuantWeight):
+                weights[id(part.q)] = part
 
-    def with_tiles(self, x, tiles, bias):
-        calls.append(int(tiles.sum()))
-        y = self._call(x.float().contiguous()) if self._call else None
-        y = torch.empty(x.shape[0], self.out_features) if y is None else y
-        y[tiles] = reference(x[tiles], self)
-        return y if bias is None else y + bias
+    def bound(q, **_):
+        w = weights[id(q)]
+        return lambda x: calls.append(len(x)) or reference(x, w)
 
-    from d3d.cpu.quant import QuantWeight
-    monkeypatch.setattr(QuantWeight, "with_tiles", with_tiles)
+    monkeypatch.setattr(quant_dense, "bound", bound)
     return calls
 
 
@@ -105,9 +108,9 @@ def test_long_prompts_take_the_tiles_and_speculative_output_still_equals_ar(monk
     sync alike, so their outputs are equal; a prompt's output is the same alone and batched with a short one."""
     from pathlib import Path
 
-    calls = stand_in(monkeypatch)
     models = Path(__file__).resolve().parents[1] / "models"
     target = d3d.load_model(models / "target-16m", weights="int8")
+    calls = stand_in(monkeypatch, target)
     drafter = d3d.load_drafter(models / "d3d-drafter-16m", target=target)
     tok = d3d.load_tokenizer(models / "target-16m")
     long = tok.encode("import os\nimport sys\n\n\ndef read_lines(path):\n    " * 6)

@@ -32,7 +32,7 @@ _ROWS = contextvars.ContextVar("d3d_prefill_rows", default=None)  # the marked p
 
 @functools.cache
 def _amx() -> bool:
-    return quant_dense.available() and quant_dense.amx_usable()
+    return quant_dense.amx_usable()
 
 
 def usable() -> bool:

@@ -107,8 +107,9 @@ class ArDecoder(Decoder):
         seqs = self.schedule()
         if seqs:
             feeds = [s.tokens[self.cache.lengths[s.row]:] for s in seqs]  # what each row does not hold yet
-            logits = self.timed_pass(feeds, [s.row for s in seqs], prefill=all(s.num_output == 0 for s in seqs),
-                                     greedy=all_greedy(seqs), prompts=[s.num_output == 0 for s in seqs])
+            prompts = [s.num_output == 0 for s in seqs]  # newcomers: their feed is their prompt
+            logits = self.timed_pass(feeds, [s.row for s in seqs], prefill=all(prompts), greedy=all_greedy(seqs),
+                                     prompts=prompts)
             for seq, t in zip(seqs, self.pick(seqs, logits)):
                 self.emit(seq, [t])
         return seqs

@@ -4,7 +4,7 @@
 // scales were applied in the dequantization, so nothing leaves the tiles until the end). The int8-activation
 // kernels (quant_vnni.cpp) are bound by their multiply-adds past ~8 rows (~0.3 T a second on 2 cores); a tile
 // product is 16 x 16 x 32 of them. Numerics: bf16 weights and activations, fp32 sums (not the int8 kernels' bits:
-// the caller chooses which passes take it, d3d.cpu.quant). Each row's sums depend on that row alone.
+// d3d.cpu.prefill chooses which rows take it). Each row's sums depend on that row alone.
 //
 // The values are those of d3d.kernels.quant.dequantize (fp32, rounded as the kernels round), then rounded to bf16
 // (to nearest, ties to even, as torch's .bfloat16()); `dequantize` returns the fp32 values for tests.
@@ -160,14 +160,14 @@ void b_tiles(const Mat& W, int64_t p, uint32_t* B) {
     });
 }
 
-// y [Mp, N] fp32 (ldy) += nothing: = x [Mp, K] bf16 (Mp a multiple of 16) @ panel p's B tiles, col columns valid.
+// y [Mp, 16] (row stride ldy, col columns kept) = x [Mp, K] bf16 (Mp a multiple of 16) @ one panel's B tiles.
 void panel_product(const uint16_t* x, int64_t Mp, int64_t K, const uint32_t* B, float* y, int64_t ldy, int64_t col) {
     alignas(64) float c[ROWS * NR];
     for (int64_t m0 = 0; m0 < Mp; m0 += TILES * ROWS) {
         const int64_t tiles = std::min<int64_t>(TILES, (Mp - m0) / ROWS);
-        for (int t = 0; t < TILES; ++t) if (t < tiles) { switch (t) {
-            case 0: _tile_zero(0); break; case 1: _tile_zero(1); break; case 2: _tile_zero(2); break;
-            case 3: _tile_zero(3); break; case 4: _tile_zero(4); break; default: _tile_zero(5); } }
+#define D3D_ZERO(T) if (T < tiles) _tile_zero(T);
+        D3D_ZERO(0) D3D_ZERO(1) D3D_ZERO(2) D3D_ZERO(3) D3D_ZERO(4) D3D_ZERO(5)
+#undef D3D_ZERO
         for (int64_t k0 = 0; k0 < K; k0 += 32) {
             _tile_loadd(7, B + k0 / 2 * NR, 64);
 #define D3D_ROW_TILE(T)                                                                 \

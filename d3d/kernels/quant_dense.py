@@ -60,7 +60,7 @@ def amx_usable() -> bool:
 
 def matmul(x: torch.Tensor, q, h, s, m, n: int, group: int, bits: int, sd=None, md=None) -> torch.Tensor:
     """x [M, K] (rounded to bf16) @ W^T -> [M, n] fp32 with the tiles."""
-    return _module().matmul(x.to(torch.bfloat16).contiguous(), *_args(q, h, s, m, sd, md), n, group, bits)
+    return bound(q, h, s, m, n, group, bits, sd, md)(x)
 
 
 def bound(q, h, s, m, n: int, group: int, bits: int, sd=None, md=None):
