@@ -52,6 +52,16 @@ ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d
 SPECULATIVE = ("d3d-alone", "d3d", "d3d-store")  # d3d's engines that need a drafter
 
 
+def over_d3d_ar(results: dict) -> dict:
+    """Per set, each speculative engine's tok/s over d3d-ar's request by request: the median and the worst ratio
+    (issue 47's "never below 0.97x of d3d's own ar")."""
+    out = {}
+    for s, r in results.items():
+        ratios = {e: [a / b for a, b in zip(r[e], r["d3d-ar"])] for e in SPECULATIVE if e in r}
+        out[s] = {e: {"median": statistics.median(v), "worst": min(v)} for e, v in ratios.items() if v}
+    return out
+
+
 def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int,
               draft: Path | None = None) -> dict:
     """One llama.cpp generation: {"tokens", "seconds" (prompt + generation), "text"}; ``lookup`` > 0:
@@ -185,12 +195,16 @@ def main(argv: list[str] | None = None) -> dict | None:
                "llama_text_equal_to_d3d_ar": {s: f"{v}/{len(sets[s])}" for s, v in same_text.items()},
                "tok_s": results, "median_tok_s": summary,
                "tau": {s: {e: t / max(1, k) for e, (t, k) in r.items()} for s, r in rounds.items()},
-               "vs_llama_ar": {s: {e: v / summary[s]["llama-ar"] for e, v in r.items()} for s, r in summary.items()}}
+               "vs_llama_ar": {s: {e: v / summary[s]["llama-ar"] for e, v in r.items()} for s, r in summary.items()},
+               "vs_d3d_ar": over_d3d_ar(results)}
     print(markdown_table(["set"] + [f"{e} tok/s (x llama-ar)" for e in engines],
                          [[s] + [f"{summary[s][e]:.1f} ({summary[s][e] / summary[s]['llama-ar']:.2f}x)" for e in engines]
                           for s in summary]))
     print("τ (tokens a round): " + "; ".join(f"{s} " + ", ".join(f"{e} {t:.2f}" for e, t in r.items())
                                          for s, r in payload["tau"].items()))
+    print("over d3d-ar, per request (median, worst): " + "; ".join(
+        f"{s} " + ", ".join(f"{e} {v['median']:.3f} / {v['worst']:.3f}" for e, v in r.items())
+        for s, r in payload["vs_d3d_ar"].items()))
     print(f"d3d speculative == d3d ar on {equal}/{n}; d3d ar streams {payload['d3d_ar_weight_gb_s']:.1f} GB/s of "
           f"weights (copy bandwidth {bandwidth:.1f} GB/s)")
     write_json(args.out, payload)

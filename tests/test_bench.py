@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 
 import pytest
 import torch
@@ -345,3 +346,7 @@ def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch
     assert payload["speculative_equal_to_ar"] == "3/3" and payload["config"]["datastore"] == [str(tmp_path / "store")]
     assert payload["tok_s"]["code"]["llama-ar"] == [8 / 0.11] * 2  # 7 runs + the prompt pass's token, 110 ms
     assert json.loads((tmp_path / "l.json").read_text())["median_tok_s"]["prose"]["d3d-store"] > 0
+    code = payload["tok_s"]["code"]
+    ratios = [a / b for a, b in zip(code["d3d"], code["d3d-ar"])]  # per request, over d3d's own ar
+    assert payload["vs_d3d_ar"]["code"]["d3d"] == {"median": statistics.median(ratios), "worst": min(ratios)}
+    assert set(payload["vs_d3d_ar"]["prose"]) == {"d3d-alone", "d3d", "d3d-store"}
