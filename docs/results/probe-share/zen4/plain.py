@@ -13,7 +13,7 @@ import sys
 import torch
 
 import d3d
-from bench.common import machine, print_runs_over_ar, request_sets, runs_over_ar, write_json
+from bench.common import machine, print_runs_over_ar, request_done, request_sets, runs_over_ar, turns, write_json
 from d3d.decode import row_price
 from d3d.draft.pick import pick_drafter
 from d3d.fetch import resolve_model
@@ -43,18 +43,13 @@ def run(engine: str, prompt):
 
 tok_s = {s: {r: [] for r in runs} for s in sets}
 tau = {s: {r: [] for r in runs} for s in sets}
-for rep in range(reps):
-    for s, prompts in sets.items():
-        for i, p in enumerate(prompts):
-            outs = {}
-            for r in (runs if (i + rep) % 2 == 0 else runs[::-1]):
-                outs[r], speed, t = run(r, p)
-                tok_s[s][r].append(speed)
-                tau[s][r].append(t)
-            if any(o != outs["ar"] for o in outs.values()):
-                raise SystemExit(f"{s} request {i}: an output differs from ar's")
-            print(f"rep {rep + 1} {s} {i + 1}/{len(prompts)}", {r: round(v[-1], 1) for r, v in tok_s[s].items()},
-                  file=sys.stderr, flush=True)
+for rep, s, i, p, order in turns(sets, runs, reps):
+    outs = {}
+    for r in order:
+        outs[r], speed, t = run(r, p)
+        tok_s[s][r].append(speed)
+        tau[s][r].append(t)
+    request_done(outs, tok_s[s], f"rep {rep + 1} {s} {i + 1}/{len(sets[s])}")
 summary = {s: runs_over_ar(tok_s[s], tau[s]) for s in sets}
 for s in sets:
     print_runs_over_ar(s, summary[s])
