@@ -31,7 +31,7 @@ KERNELS = (
      "quantized matmuls take the AVX2 int8 kernel below"),
     ("int8 activations, AVX2", "quant_maddubs.cpp", quant.maddubs_available, quant.why_maddubs_unavailable,
      "without VNNI too, quantized matmuls keep fp32 activations"),
-    ("prefill tiles", "quant_dense.cpp", quant_dense.available, quant_dense.why_unavailable,
+    ("prefill tiles", "quant_dense.cpp", quant_dense.amx_usable, quant_dense.why_no_tiles,
      "a long prompt's prefill takes the int8 kernels (on an AMX Xeon ~1.5x slower)"),
     ("decoding attention", "attend_cpu.cpp", attention_cpu.available, attention_cpu.why_unavailable,
      "attention runs on torch's SDPA; exact verification attends one row at a time and takes no leaves"),

@@ -15,7 +15,8 @@ from d3d.kernels import quant as kernel, quant_dense
 from test_quant import random_blocks
 
 needs_tiles = pytest.mark.skipif(not quant_dense.amx_usable(),
-                                 reason=f"no AMX bf16 tiles here: {quant_dense.why_unavailable() or 'no AMX'}")
+                                 reason=f"no AMX bf16 tiles here: {quant_dense.why_no_tiles()}")
+needs_module = pytest.mark.skipif(not quant_dense.available(), reason=f"quant_dense: {quant_dense.why_unavailable()}")
 needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"no quant kernel: {kernel.why_unavailable()}")
 KINDS = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "int8", "int4"]
 
@@ -34,10 +35,11 @@ def reference(x: torch.Tensor, w) -> torch.Tensor:
     return x.to(torch.bfloat16).float() @ w.dequantize().to(torch.bfloat16).float().T
 
 
-@needs_tiles
+@needs_module
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n", [16, 45])
 def test_values_are_the_dequantized_matrix_bit_for_bit(kind, n):
+    """What the tiles multiply by (before bf16), on every AVX-512 CPU (the module builds there; AMX runs ``matmul``)."""
     w = weight(kind, n, 512)
     a = w.kernel_args()
     got = quant_dense.dequantize(a["q"], a["h"], a["s"], a["m"], n, 512, a["group"], a["bits"], a["sd"], a["md"])

@@ -43,7 +43,7 @@ def usable() -> bool:
         return False
     if choice == "on" and not _amx():
         raise RuntimeError("D3D_PREFILL_TILES=on, but AMX's bf16 tiles cannot run here: "
-                           f"{quant_dense.why_unavailable() or 'the CPU or kernel lacks AMX-BF16'}")
+                           f"{quant_dense.why_no_tiles() or 'the CPU or kernel lacks AMX-BF16'}")
     return _amx()
 
 

@@ -15,24 +15,41 @@ from pathlib import Path
 
 import torch
 
+from ..hardware import cpu_flags
 from .cpp import AVX2, AVX2_FLAGS, build, module_of
 
 SOURCE = Path(__file__).with_name("quant_dense.cpp")
 
 
+AMX = frozenset({"amx_tile", "amx_bf16"})
+
+
 @functools.cache
 def _load():
-    """(module, None) or (None, why not). -ffp-contract=off: int4's q * s - m rounds twice, as the kernels do."""
+    """(module, None) or (None, why not). -ffp-contract=off: int4's q * s - m rounds twice, as the kernels do. It
+    builds on any AVX-512 CPU: ``dequantize`` (the values the tiles take, tested bit for bit) runs there; only
+    ``matmul`` needs AMX (``amx_usable``)."""
     return build("d3d_quant_dense", SOURCE, AVX2_FLAGS + ["-ffp-contract=off"],
-                 needs=AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"})
+                 needs=AVX2 | {"avx512f", "avx512bw", "avx512vl"})
 
 
 def available() -> bool:
+    """Whether the module builds here (``dequantize``); the tiles themselves: ``amx_usable``."""
     return _load()[0] is not None
 
 
 def why_unavailable() -> str | None:
     return _load()[1]
+
+
+def why_no_tiles() -> str | None:
+    """Why the tiles cannot run here (None where they can): the module's reason, or the CPU's or Linux's."""
+    if not available():
+        return why_unavailable()
+    if amx_usable():
+        return None
+    missing = AMX - cpu_flags()
+    return f"this CPU lacks {' and '.join(sorted(missing))}" if missing else "Linux refused this process AMX's state"
 
 
 def _module():
@@ -69,4 +86,4 @@ def bound(q, h, s, m, n: int, group: int, bits: int, sd=None, md=None):
     return lambda x: module.matmul(x.to(torch.bfloat16).contiguous(), *args, n, group, bits)
 
 
-__all__ = ["available", "why_unavailable", "amx_usable", "dequantize", "matmul", "bound"]
+__all__ = ["available", "why_unavailable", "why_no_tiles", "amx_usable", "dequantize", "matmul", "bound"]
