@@ -107,15 +107,21 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def over(speeds: list[float], base: list[float]) -> tuple[float, float]:
+    """The median and the worst of the per-request ratios ``speeds[i] / base[i]``."""
+    ratios = [a / b for a, b in zip(speeds, base)]
+    return statistics.median(ratios), min(ratios)
+
+
 def runs_over_ar(tok_s: dict[str, list[float]], tau: dict[str, list[float]]) -> dict:
     """Per run of one request set (tok/s and τ per request, ``"ar"`` among the runs): the medians of tok/s and τ,
     and the median and the worst of the per-request ratios over ar (``print_runs_over_ar`` prints them)."""
     out = {}
     for r, speeds in tok_s.items():
-        ratios = [a / b for a, b in zip(speeds, tok_s["ar"])]
+        median, worst = over(speeds, tok_s["ar"])
         out[r] = {"median_tok_s": round(statistics.median(speeds), 2),
                   "median_tau": round(statistics.median(tau[r]), 3) if r != "ar" else None,
-                  "median_vs_ar": round(statistics.median(ratios), 3), "worst_vs_ar": round(min(ratios), 3)}
+                  "median_vs_ar": round(median, 3), "worst_vs_ar": round(worst, 3)}
     return out
 
 

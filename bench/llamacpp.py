@@ -46,7 +46,7 @@ from d3d.draft.pick import pick_drafter
 from d3d.fetch import gguf_path, is_real_model, lookup as real_model, resolve_model
 from d3d.data.prompts import load_prompt_set
 
-from .common import copy_bandwidth_gbs, machine, markdown_table, write_json
+from .common import copy_bandwidth_gbs, machine, markdown_table, over, write_json
 
 ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store")
 SPECULATIVE = ("d3d-alone", "d3d", "d3d-store")  # d3d's engines that need a drafter
@@ -55,11 +55,8 @@ SPECULATIVE = ("d3d-alone", "d3d", "d3d-store")  # d3d's engines that need a dra
 def over_d3d_ar(results: dict) -> dict:
     """Per set, each speculative engine's tok/s over d3d-ar's request by request: the median and the worst ratio
     (issue 47's "never below 0.97x of d3d's own ar")."""
-    out = {}
-    for s, r in results.items():
-        ratios = {e: [a / b for a, b in zip(r[e], r["d3d-ar"])] for e in SPECULATIVE if e in r}
-        out[s] = {e: {"median": statistics.median(v), "worst": min(v)} for e, v in ratios.items() if v}
-    return out
+    return {s: {e: dict(zip(("median", "worst"), over(r[e], r["d3d-ar"]))) for e in SPECULATIVE if r.get(e)}
+            for s, r in results.items()}
 
 
 def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: int, lookup: int,

@@ -19,9 +19,7 @@ from ..hardware import cpu_flags
 from .cpp import AVX2, AVX2_FLAGS, build, module_of
 
 SOURCE = Path(__file__).with_name("quant_dense.cpp")
-
-
-AMX = frozenset({"amx_tile", "amx_bf16"})
+AMX = frozenset({"amx_tile", "amx_bf16"})  # what matmul needs beyond the module's build
 
 
 @functools.cache
