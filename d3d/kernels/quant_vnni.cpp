@@ -223,19 +223,14 @@ __attribute__((always_inline)) inline void block_rows(const Act& X, int64_t m0, 
 #pragma GCC unroll 8
         for (int m = 0; m < R; ++m) I[m] = BITS != 4 ? _mm512_set1_epi32(X.zsum[ig + m]) : _mm512_setzero_si512();
         dots<R, BITS, G, MR, PF>(X.q + m0 * K + 4 * R0, W, g * G, I);
+        // (f I) << s = (I << s) f, exact in int32: a row's shift by its count broadcast from memory, then one multiply
+        // (the factors shifted four ways through memory, or each row's count moved to a vector register, had cost more)
         const __m512i fg = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + g * NR)));
-        if constexpr (R >= 6) {
-            // the factors shifted by each 3 - e a row can have, so that a row's product is one vpmulld with its
-            // shifted factors as a memory operand: (f I) << s = I (f << s), exact in int32 (8 rows: ~1.1x; 4: ~0.97x)
-            alignas(64) __m512i fs[4];
-            fs[0] = fg, fs[1] = _mm512_slli_epi32(fg, 1), fs[2] = _mm512_slli_epi32(fg, 2), fs[3] = _mm512_slli_epi32(fg, 3);
 #pragma GCC unroll 8
-            for (int m = 0; m < R; ++m) T[m] = _mm512_add_epi32(T[m], _mm512_mullo_epi32(I[m], fs[X.shift[ig + m]]));
-        } else {
-            for (int m = 0; m < R; ++m) {
-                const __m128i shift = _mm_cvtsi32_si128(X.shift[ig + m]);
-                T[m] = _mm512_add_epi32(T[m], _mm512_sll_epi32(_mm512_mullo_epi32(I[m], fg), shift));
-            }
+        for (int m = 0; m < R; ++m) {
+            __m512i shifted = I[m];
+            __asm__("vpsllvd %1%{1to16%}, %0, %0" : "+v"(shifted) : "m"(X.shift[ig + m]));  // GCC 12 broadcast apart
+            T[m] = _mm512_add_epi32(T[m], _mm512_mullo_epi32(shifted, fg));
         }
     }
     const __m512 d = load16<true>(W.sd, b * NR);
