@@ -17,6 +17,8 @@ import time
 import torch
 
 from .assets import BUNDLED_DFLASH, BUNDLED_DRAFTER, BUNDLED_QWEN_DRAFTER, BUNDLED_TARGET, INSTALL_HINTS, models_dir
+from . import env
+from .cpu import hugepages
 from .cpu.precision import auto_dtype
 from .hardware import cpu_flags, llc_bytes
 from .kernels import attention_cpu, glue_cpu, layers_cpu, quant, quant_dense, skinny
@@ -87,6 +89,15 @@ def read_bandwidth_gbs(megabytes: int = 512) -> float:
     return a.numel() * 4 / best_seconds(a.sum) / 1e9
 
 
+def huge_pages() -> str:
+    """Whether a loaded model's matrices go into 2 MB pages here (``d3d.cpu.hugepages``), and why not."""
+    mode = hugepages.mode()
+    if hugepages.wanted():
+        return f"a model's matrices of 2 MB or more in huge pages (transparent huge pages: {mode})"
+    why = "D3D_HUGEPAGES=off" if env.read("D3D_HUGEPAGES") == "off" else f"transparent huge pages: {mode or 'none'}"
+    return f"4 KB pages ({why})"
+
+
 def memory_gib() -> float | None:
     try:
         with open("/proc/meminfo") as f:
@@ -126,6 +137,7 @@ def report() -> list[str]:
              f"  flags   {' '.join(f for f in FLAGS if f in flags) or 'none of ' + ', '.join(FLAGS)}",
              f"  memory  {bandwidth_gbs():.0f} GB/s (copy of 256 MB, best of 3), "
              f"{read_bandwidth_gbs():.0f} GB/s read (sum of 512 MB, {torch.get_num_threads()} threads)",
+             f"  pages   {huge_pages()}",
              f"software  Python {platform.python_version()}, torch {torch.__version__} "
              f"(oneDNN {'yes' if torch.backends.mkldnn.is_available() else 'no'}), "
              f"triton {version('triton') or 'not installed'}, "

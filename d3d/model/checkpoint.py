@@ -8,7 +8,6 @@ spent on random initialisation, and the checkpoint tensors are assigned directly
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 from pathlib import Path
@@ -20,6 +19,7 @@ from safetensors.torch import save_file
 from .config import ModelConfig
 from ..files import atomic, write_json
 from .transformer import Transformer
+from ..cpu import hugepages
 from ..cpu.precision import DTYPES, auto_weights
 from ..cpu.quant import Factored, QuantWeight, is_quantized, join, quantize
 
@@ -320,17 +320,9 @@ def load_model(
         model = Transformer(cfg)
     model.load_weights(state, choice, dtype, device)
     model.source = path.resolve()
-    trim_heap()
+    hugepages.advise_model(model)  # before any kernel binds to the matrices
+    hugepages.trim_heap()
     return model
-
-
-def trim_heap() -> None:
-    """Hand the heap's freed pages back to the system (glibc's malloc_trim; elsewhere nothing): loading
-    converts each matrix through temporaries, and their pages would otherwise stay in the process."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Embeddings:
