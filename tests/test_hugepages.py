@@ -21,12 +21,15 @@ def offered(monkeypatch):
 
 
 @needs_advice
-def test_arena_starts_on_a_huge_page_and_outlives_its_mapping_object():
-    buf = hugepages.arena(3 * hugepages.HUGE + 5)
-    assert buf.dtype == torch.uint8 and buf.numel() == 3 * hugepages.HUGE + 5
-    assert buf.data_ptr() % hugepages.HUGE == 0
-    buf.fill_(7)
-    assert int(buf.sum()) == 7 * buf.numel()
+def test_arena_starts_on_a_huge_page_and_its_pieces_outlive_the_mapping_object():
+    area, start = hugepages.arena(3 * hugepages.HUGE + 5)
+    whole = hugepages.piece(area, start, 3 * hugepages.HUGE + 5)
+    assert whole.dtype == torch.uint8 and whole.data_ptr() % hugepages.HUGE == 0
+    part = hugepages.piece(area, start + 64, 1000)
+    assert part.untyped_storage().nbytes() == 1000  # a storage of its own: a copy or a save takes these bytes only
+    whole.fill_(7)
+    del area, whole
+    assert int(part.sum()) == 7 * 1000
     assert hugepages.arena(0) is None
 
 
@@ -59,6 +62,7 @@ def test_advise_model_moves_every_matrix_once_and_keeps_the_products(offered):
     assert model.a.weight is w and model.c.weight.parts[0] is w  # the shared matrix moved once, still shared
     assert torch.equal(w.linear(x), before) and torch.equal(small.linear(x), small_before)
     assert torch.equal(model.d.weight, dense) and isinstance(model.d.weight, torch.nn.Parameter)
+    assert small.q.untyped_storage().nbytes() == small.q.numel()  # not the arena's: deepcopy and torch.save stay small
 
 
 def test_off_leaves_the_model(offered, monkeypatch):

@@ -51,21 +51,26 @@ def wanted() -> bool:
     return env.read("D3D_HUGEPAGES") == "auto" and sys.platform.startswith("linux") and mode() in ("always", "madvise")
 
 
-def arena(nbytes: int) -> torch.Tensor | None:
-    """``nbytes`` of fresh anonymous memory as a uint8 tensor starting on a 2 MB boundary, advised ``MADV_HUGEPAGE``
-    before anything is written to it; None where the platform or Linux refuses. Fresh ``mmap`` memory, not torch's
-    allocator: glibc serves large blocks from pages a load already touched once it has freed blocks as large, and
-    advice does not turn touched pages into huge ones."""
+def arena(nbytes: int) -> tuple[mmap.mmap, int] | None:
+    """``nbytes`` of fresh anonymous memory advised ``MADV_HUGEPAGE`` before anything is written to it: the mapping and
+    the offset in it where those bytes start, on a 2 MB boundary; None where the platform or Linux refuses. Fresh
+    ``mmap`` memory, not torch's allocator: glibc serves large blocks from pages a load already touched once it has
+    freed blocks as large, and advice does not turn touched pages into huge ones."""
     if nbytes <= 0 or not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
     area = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE)  # anonymous; pages before the start stay untouched
-    buf = torch.frombuffer(area, dtype=torch.uint8)  # holds `area` open while any view of it lives
-    start = -buf.data_ptr() % HUGE
+    start = -piece(area, 0, 1).data_ptr() % HUGE
     try:
         area.madvise(mmap.MADV_HUGEPAGE, start, nbytes + HUGE - start)
     except OSError:
         return None
-    return buf[start:start + nbytes]
+    return area, start
+
+
+def piece(area: mmap.mmap, offset: int, nbytes: int) -> torch.Tensor:
+    """Bytes ``offset`` .. ``offset + nbytes`` of ``area`` as a uint8 tensor with a storage of its own (a copy or a
+    ``torch.save`` of it takes these bytes, not the whole area); the tensor keeps the mapping open."""
+    return torch.frombuffer(area, dtype=torch.uint8, count=nbytes, offset=offset)
 
 
 def trim_heap() -> None:
@@ -93,8 +98,9 @@ def matrix_tensors(model: torch.nn.Module) -> list[tuple[object, str]]:
 
 def advise_model(model: torch.nn.Module) -> int:
     """Every contiguous CPU tensor of ``model``'s matrices (``matrix_tensors``) moved into one ``arena``, in order, each
-    on a 64-byte boundary, before any kernel binds to them (``load_model`` calls it); tensors shared by several
-    matrices stay shared. Returns the bytes moved (0 where ``wanted`` says no or no arena was given)."""
+    on a 64-byte boundary and with a storage of its own (``piece``), before any kernel binds to them (``load_model``
+    calls it); tensors shared by several matrices stay shared. Returns the bytes moved (0 where ``wanted`` says no or
+    no arena was given)."""
     if not wanted():
         return 0
     places, slots, total = [], {}, 0
@@ -107,9 +113,10 @@ def advise_model(model: torch.nn.Module) -> int:
             slots[key] = total
             total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
         places.append((owner, name, key))
-    buf = arena(total)
-    if buf is None:
+    got = arena(total)
+    if got is None:
         return 0
+    area, start = got
     moved, faulted = {}, 0
     for owner, name, key in places:
         if key not in moved:
@@ -117,11 +124,12 @@ def advise_model(model: torch.nn.Module) -> int:
             n = t.numel() * t.element_size()
             if slots[key] + n > faulted:  # the next stretch: the old homes so far back to the system, new pages in
                 trim_heap()
-                faulted = min(total, max(slots[key] + n, faulted + CHUNK))
-                buf[slots[key]:faulted].zero_()
-            moved[key] = buf[slots[key]:slots[key] + n].view(t.dtype).view(t.shape).copy_(t)
+                end = min(total, max(slots[key] + n, faulted + CHUNK))
+                piece(area, start + faulted, end - faulted).zero_()
+                faulted = end
+            moved[key] = piece(area, start + slots[key], n).view(t.dtype).view(t.shape).copy_(t)
         setattr(owner, name, moved[key])
     return sum(t.numel() * t.element_size() for t in moved.values())
 
 
-__all__ = ["arena", "advise_model", "matrix_tensors", "trim_heap", "mode", "wanted", "HUGE"]
+__all__ = ["arena", "piece", "advise_model", "matrix_tensors", "trim_heap", "mode", "wanted", "HUGE"]
