@@ -53,7 +53,8 @@ for r in range(0, n, 8192):
     E[rows] = err.amax(-1).float()
     A[:, rows] = (xq.double() @ wh.view(len(rows), K).T).float()
     L[:, rows] = (xq.double() @ w.view(len(rows), K).T).float()
-print(f"built in {time.perf_counter() - t:.0f} s; E median {E.median():.3g}, w abs mean {W.dequantize(torch.arange(1000)).abs().mean():.3g}")
+print(f"built in {time.perf_counter() - t:.0f} s; E median {E.median():.3g}, "
+      f"w abs mean {W.dequantize(torch.arange(1000)).abs().mean():.3g}")
 up, low = A + pos @ E.T, A + neg @ E.T
 best = low.amax(1, keepdim=True)
 c = sorted((up >= best).sum(1).tolist())
