@@ -15,23 +15,11 @@ import time
 
 import torch
 
-import d3d
 from d3d.cpu.greedy_head import GreedyHead
 from d3d.cpu.quant import Factored
-from d3d.data.prompts import mtbench_prompts
-from d3d.fetch import resolve_model
+from rows import final_rows
 
-torch.set_grad_enabled(False)
-path = resolve_model(sys.argv[1])
-m, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
-W = m.output_weight()
-hs = []
-hook = m.norm.register_forward_hook(lambda mod, i, o: hs.append(o.reshape(-1, o.shape[-1])[-1:].clone()))
-for i in (1, 5, 9, 20, 30):
-    p = tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}])
-    d3d.generate(m, p, max_new_tokens=24, spec="ar", stop_ids=tok.stop_token_ids())
-hook.remove()
-H = torch.cat(hs)
+m, W, H = final_rows(sys.argv[1])
 q, scale, _, _ = W.rowmajor()
 n, K = q.shape
 G, six = W.group, W.format == "int6"

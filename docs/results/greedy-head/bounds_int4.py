@@ -8,22 +8,13 @@ Not built (docs/results/greedy-head/README.md). Run from the repository root:
 
     python docs/results/greedy-head/bounds_int4.py > docs/results/greedy-head/bounds_int4_1.5b.txt
 """
-import sys, time, torch
-import d3d
-from d3d.cpu.quant import Factored
-from d3d.data.prompts import mtbench_prompts
-from d3d.fetch import resolve_model
-torch.set_grad_enabled(False)
-path = resolve_model("qwen2.5-coder-1.5b")
-m, tok = d3d.load_model(path, weights="auto"), d3d.load_tokenizer(path)
-W = m.output_weight()
-hs = []
-hook = m.norm.register_forward_hook(lambda mod, i, o: hs.append(o.reshape(-1, o.shape[-1])[-1:].clone()))
-for i in (1, 5, 9, 20, 30):
-    p = tok.encode_chat([{"role": "user", "content": mtbench_prompts()[i]}])
-    d3d.generate(m, p, max_new_tokens=24, spec="ar", stop_ids=tok.stop_token_ids())
-hook.remove()
-H = torch.cat(hs)
+import time
+
+import torch
+
+from rows import final_rows
+
+m, W, H = final_rows("qwen2.5-coder-1.5b")
 n, K = W.out_features, W.in_features
 G = 16
 # activations as the two-level kernels quantize them: sx per 256, e per group of 16
