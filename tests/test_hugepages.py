@@ -65,6 +65,20 @@ def test_advise_model_moves_every_matrix_once_and_keeps_the_products(offered):
     assert small.q.untyped_storage().nbytes() == small.q.numel()  # not the arena's: deepcopy and torch.save stay small
 
 
+@needs_advice
+def test_a_second_model_borrowing_moved_matrices_leaves_them(offered):
+    model, w = two_matrices()
+    hugepages.advise_model(model)
+    where = w.q.data_ptr(), model.d.weight.data_ptr()
+    other = torch.nn.Module()
+    other.head, other.dense = torch.nn.Module(), torch.nn.Module()
+    other.head.weight = w  # borrowed, as a drafter borrows its target's embedding
+    other.dense.weight = torch.nn.Parameter(torch.randn(8, 8), requires_grad=False)
+    assert hugepages.advise_model(other) == 8 * 8 * 4  # only its own
+    assert (w.q.data_ptr(), model.d.weight.data_ptr()) == where
+    assert hugepages.advise_model(model) == 0  # twice: nothing moves again
+
+
 def test_off_leaves_the_model(offered, monkeypatch):
     monkeypatch.setenv("D3D_HUGEPAGES", "off")
     model, w = two_matrices()

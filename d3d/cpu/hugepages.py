@@ -4,8 +4,8 @@ Why: a decoding step streams every matrix once (~1 GB for the 1.5B), and in 4 KB
 page walk every 64 cache lines, where a 2 MB page covers 32,768 of them. Where Linux hands out huge pages only on
 request (``/sys/kernel/mm/transparent_hugepage/enabled`` = madvise, the common default), torch's allocations get
 none. Whole passes of the real models, the same weights in 4 KB pages and in 2 MB pages taking turns in one process,
-on a Zen 4: 1.03-1.09x (0.5B) and 1.03-1.10x (1.5B) at 1-16 rows; the load takes ~1.3 s longer for the 1.5B
-(docs/results/hugepages/).
+on a Zen 4: 1.03-1.09x (0.5B) and 1.03-1.10x (1.5B) at 1-16 rows, the drafter's 1.04-1.09x; the load takes ~1 s
+longer for the 1.5B (docs/results/hugepages/). ``load_model`` and ``load_drafter`` call ``advise_model``.
 
 ``advise_model`` copies every tensor a matrix holds (a ``QuantWeight``'s panels, scales and high bits; dense
 parameters) one after another into one arena of fresh memory, aligned to 2 MB and advised ``MADV_HUGEPAGE`` before it
@@ -33,6 +33,7 @@ SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # a load's peak memory within one of its own
 CHUNK = 256 << 20
 ALIGN = 64  # each tensor's start in the arena (torch's own alignment)
+_ARENAS: list[tuple[int, int]] = []  # the address ranges of the arenas made so far (a freed one's range is harmless)
 PARTS = ("q", "high", "scale", "min", "scale_d", "min_d")  # a QuantWeight's tensors (d3d.cpu.quant)
 
 
@@ -64,7 +65,14 @@ def arena(nbytes: int) -> tuple[mmap.mmap, int] | None:
         area.madvise(mmap.MADV_HUGEPAGE, start, nbytes + HUGE - start)
     except OSError:
         return None
+    base = piece(area, start, 1).data_ptr()
+    _ARENAS.append((base, base + nbytes))
     return area, start
+
+
+def in_arena(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory lies in an arena already."""
+    return any(lo <= t.data_ptr() < hi for lo, hi in _ARENAS)
 
 
 def piece(area: mmap.mmap, offset: int, nbytes: int) -> torch.Tensor:
@@ -106,8 +114,8 @@ def advise_model(model: torch.nn.Module) -> int:
     places, slots, total = [], {}, 0
     for owner, name in matrix_tensors(model):
         t = getattr(owner, name)
-        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
-            continue
+        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0 or in_arena(t):
+            continue  # a piece already (a drafter borrowing its target's embedding) stays where it is
         key = (t.data_ptr(), t.dtype, tuple(t.shape))
         if key not in slots:
             slots[key] = total
@@ -132,4 +140,4 @@ def advise_model(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in moved.values())
 
 
-__all__ = ["arena", "piece", "advise_model", "matrix_tensors", "trim_heap", "mode", "wanted", "HUGE"]
+__all__ = ["arena", "piece", "in_arena", "advise_model", "matrix_tensors", "trim_heap", "mode", "wanted", "HUGE"]

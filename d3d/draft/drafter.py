@@ -38,6 +38,7 @@ from ..model.checkpoint import SHARED_EMBEDDINGS, is_quantized_checkpoint, load_
 from ..model.config import ModelConfig
 from ..kernels.denoise import denoise_step
 from ..model.transformer import QuantLinear, Transformer
+from ..cpu import hugepages
 from ..cpu.quant import is_quantized, quantize
 from ..cpu.precision import WeightsChoice, auto_weights
 
@@ -328,6 +329,7 @@ def load_drafter(path: str | Path, target: Transformer | None = None, dtype=None
     if leftover:
         raise ValueError(f"{source}: parameters not loaded: {leftover[:5]}")
     model.source = path.resolve()  # as load_model: the directory it came from
+    hugepages.advise_model(model)  # as load_model (what it borrows from the target is there already)
     return Drafter(model, dcfg, vocab_map)
 
 
