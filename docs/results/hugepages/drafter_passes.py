@@ -8,13 +8,13 @@ tokens (bench passes' runner), medians.
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import d3d  # noqa: E402
+from bench.common import interleaved  # noqa: E402
 from bench.passes import pass_runner  # noqa: E402
 from d3d.draft.pick import pick_drafter  # noqa: E402
 from d3d.fetch import resolve_model  # noqa: E402
@@ -30,14 +30,7 @@ for label, setting in (("4 KB pages", "off"), ("2 MB pages", "auto")):
 print(f"{name}'s drafter: {note}", flush=True)
 for T in Ts:
     runs = {k: pass_runner(m, T, 200) for k, m in drafters.items()}
-    for run in list(runs.values()) * 3:
-        run()
-    times = {k: [] for k in runs}
-    for _ in range(reps):
-        for k, run in runs.items():
-            t = time.perf_counter()
-            run()
-            times[k].append(time.perf_counter() - t)
+    times = interleaved(runs, reps, warmup=3)  # bench.common's timer: the runs in turns
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print(f"T={T:2d}: " + ", ".join(f"{k} {v:5.2f} ms" for k, v in ms.items())
           + f": {ms['4 KB pages'] / ms['2 MB pages']:.3f}x", flush=True)

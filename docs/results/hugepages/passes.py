@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import d3d  # noqa: E402
+from bench.common import interleaved  # noqa: E402
 from bench.passes import pass_runner  # noqa: E402
 from d3d.cpu import hugepages  # noqa: E402
 from d3d.fetch import resolve_model  # noqa: E402
@@ -34,14 +35,7 @@ print(f"{name}; transparent huge pages: {hugepages.mode()}; the second load {loa
       + " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx")))), flush=True)
 for T in Ts:
     runs = {"4 KB pages": pass_runner(small, T, 200), "2 MB pages": pass_runner(huge, T, 200)}
-    for run in list(runs.values()) * 2:
-        run()
-    times = {k: [] for k in runs}
-    for _ in range(reps):
-        for k, run in runs.items():
-            t = time.perf_counter()
-            run()
-            times[k].append(time.perf_counter() - t)
+    times = interleaved(runs, reps, warmup=2)  # bench.common's timer: the runs in turns
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print(f"T={T:2d}: " + ", ".join(f"{k} {v:6.2f} ms" for k, v in ms.items())
           + f": {ms['4 KB pages'] / ms['2 MB pages']:.3f}x", flush=True)
