@@ -93,7 +93,7 @@ def huge_pages() -> str:
     """Whether a loaded model's matrices go into 2 MB pages here (``d3d.cpu.hugepages``), and why not."""
     mode = hugepages.mode()
     if hugepages.wanted():
-        return f"a model's matrices of 2 MB or more in huge pages (transparent huge pages: {mode})"
+        return f"a loaded model's matrices in huge pages (transparent huge pages: {mode})"
     why = "D3D_HUGEPAGES=off" if env.read("D3D_HUGEPAGES") == "off" else f"transparent huge pages: {mode or 'none'}"
     return f"4 KB pages ({why})"
 

@@ -55,7 +55,7 @@ VARIABLES = {v.name: v for v in (
              ("auto", "int8", "fp32"), "auto"),
     Variable("D3D_PREFILL_TILES", "whether a prompt's prefill multiplies quantized matrices with AMX's bf16 tiles "
              "(d3d.cpu.prefill); auto: where the CPU has AMX-BF16", "choice", ("auto", "on", "off"), "auto"),
-    Variable("D3D_HUGEPAGES", "whether a loaded model's large matrices are moved into 2 MB pages (Linux's "
+    Variable("D3D_HUGEPAGES", "whether a loaded model's matrices are moved into 2 MB pages (Linux's "
              "transparent huge pages, d3d.cpu.hugepages); auto: where Linux offers them", "choice", ("auto", "off"),
              "auto"),
     Variable("D3D_CPU_MATMUL", "the fp32 CPU matmul: the panel kernel (d3d/kernels/skinny.py) or oneDNN; "

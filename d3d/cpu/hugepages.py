@@ -1,4 +1,4 @@
-"""A loaded model's large matrices in 2 MB pages: Linux's transparent huge pages, asked for by ``madvise``.
+"""A loaded model's matrices in 2 MB pages: Linux's transparent huge pages, asked for by ``madvise``.
 
 Why: a decoding step streams every matrix once (~1 GB for the 1.5B), and in 4 KB pages that is a TLB miss and a
 page walk every 64 cache lines, where a 2 MB page covers 32,768 of them. Where Linux hands out huge pages only on
@@ -28,9 +28,9 @@ from .quant import QuantWeight, Stacked
 
 HUGE = 2 << 20  # bytes in a huge page (x86-64, arm64 with 4 KB base pages)
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-# the arena is faulted in stretches this long by torch's threads (zero_), the heap trimmed before each: a 1 GB arena's
-# pages took 0.07 s that way on a 2-core Zen 4, against 1-2 s when one thread's copies met each first; stretches keep
-# a load's peak memory within one of its own
+# the arena is faulted in stretches this long by torch's threads (zero_), the heap trimmed before each: faults met by
+# one thread's copies had cost 1-2 s a GB (docs/results/hugepages/README.md); stretches keep a load's peak memory
+# within one of its own
 CHUNK = 256 << 20
 ALIGN = 64  # each tensor's start in the arena (torch's own alignment)
 _ARENAS: list[tuple[int, int]] = []  # the address ranges of the arenas made so far (a freed one's range is harmless)
