@@ -13,9 +13,11 @@ block of 16 aligned in the window whose first draft is an answer token, anchored
 masks): 1 + the mean run of drafted tokens equal to the answer's (the 1.5B's greedy tokens), per request kind.
 Run from the repository root:
 
-    python docs/results/prefix-features/proxy.py ARM STEPS OUT.json FEATS [WEIGHTS.pt]
+    python docs/results/prefix-features/proxy.py ARM STEPS OUT.json FEATS [START]
 
-STEPS 0 with WEIGHTS: the proxy of saved weights only. OUT.json gets the proxy at 0, 1/4, 1/2, 3/4 and all
+START: the shipped drafter (default); ``layersI,J``: the 0.5B's own layers I and J and its final norm instead of
+the shipped drafter's (its head rows and drafting vocabulary kept); or WEIGHTS.pt saved by a run (with STEPS 0:
+the proxy of saved weights only). OUT.json gets the proxy at 0, 1/4, 1/2, 3/4 and all
 steps; OUT.pt the trained weights (bf16).
 """
 import json
@@ -110,8 +112,13 @@ def proxy_tau() -> dict:
     return tau | {"all": round(1 + sum(acc.values()) / sum(blocks.values()), 4)}
 
 
-if len(sys.argv) > 5:
-    saved = torch.load(sys.argv[5])
+start = sys.argv[5] if len(sys.argv) > 5 else "shipped"
+if start.startswith("layers"):
+    for mine, i in zip(model.layers, [int(i) for i in start[6:].split(",")]):
+        mine.load_state_dict(base.layers[i].state_dict())
+    model.norm.load_state_dict(base.norm.state_dict())
+elif start != "shipped":
+    saved = torch.load(start)
     if "proj" in saved:
         proj.weight.data.copy_(saved.pop("proj"))
     model.load_state_dict({k: v.float() for k, v in saved.items()}, strict=False)
@@ -134,7 +141,7 @@ for step in range(1, steps + 1):
         hist.append({"step": step, "tau": proxy_tau(), "seconds": round(time.time() - t0)})
         print(hist[-1], flush=True)
 with open(out, "w") as f:
-    json.dump({"arm": arm, "steps": steps, "lr": LR, "history": hist}, f, indent=1)
+    json.dump({"arm": arm, "start": start, "steps": steps, "lr": LR, "history": hist}, f, indent=1)
 if steps:
     torch.save({"proj": proj.weight.detach()} | {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()
                                                 if n.startswith(("layers.", "norm."))}, out.replace(".json", ".pt"))
