@@ -37,6 +37,8 @@ from d3d.train.bd3_compact import compact_layout, grouped_batch, kept_length, le
 from d3d.train.drafter import noise_blocks, training_mask
 
 arm, steps, out, feats_path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if arm != "ctl" and not (arm[:3] in ("pre", "add") and arm[3:].isdigit()):
+    sys.exit(f"ARM={arm!r}: expected ctl, preK or addK (K: a layer count of FEATS, e.g. pre8)")
 K, ADD = (int(arm[3:]), arm.startswith("add")) if arm != "ctl" else (0, False)
 HOLD, EVAL, B, LR, SCALE = 256, 128, 16, 2e-4, 0.02
 torch.manual_seed(0)
