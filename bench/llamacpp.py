@@ -12,6 +12,8 @@ prompts only), these engines answer greedily with the same prompt tokens and the
     d3d           d3d's defaults (``python -m d3d generate``: sync with the drafter on a CPU, its defaults)
     d3d-store     with ``--datastore DIR ...``: the defaults with those answer stores of the target as a draft
                   source (``generate --datastore``; ``d3d.decode.datastore``)
+    d3d-model     with ``--draft-model MODEL`` (for the 1.5B by name: the 0.5B where fetched): the defaults with that
+                  smaller model's greedy chains as a draft source (``generate --draft-model``; ``d3d.decode.draft_model``)
 
 Engines take turns request by request (the order reversed every other request, so drift hits them
 alike). tok/s = generated tokens / (prompt + generation time), model loading excluded (llama.cpp's
@@ -48,8 +50,8 @@ from d3d.data.prompts import load_prompt_set
 
 from .common import copy_bandwidth_gbs, machine, markdown_table, over, write_json
 
-ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store")
-SPECULATIVE = ("d3d-alone", "d3d", "d3d-store")  # d3d's engines that need a drafter
+ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store", "d3d-model")
+SPECULATIVE = ("d3d-alone", "d3d", "d3d-store", "d3d-model")  # d3d's engines that need a drafter
 
 
 def over_d3d_ar(results: dict) -> dict:
@@ -115,6 +117,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--datastore", default=None, metavar="DIR", nargs="+",
                     help="answer stores of the target's own answers (e.g. data/qwen2.5-coder-answers "
                          "data/qwen2.5-coder-chat-answers): adds the d3d-store engine, the defaults drafting from them")
+    ap.add_argument("--draft-model", default=None, metavar="MODEL",
+                    help="a smaller model of the target's tokenizer (a d3d checkpoint or a real model's name): adds the "
+                         "d3d-model engine, the defaults drafting with its greedy chains (default for --target "
+                         "qwen2.5-coder-1.5b: qwen2.5-coder-0.5b where d3d fetch kept it; 'none': no d3d-model)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup", "llama-speculative-simple")}
@@ -128,6 +134,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.llama_draft is None and is_real_model(args.target) and real_model(args.target).name == "qwen2.5-coder-1.5b" \
             and gguf_path("qwen2.5-coder-0.5b").is_file():
         args.llama_draft = str(gguf_path("qwen2.5-coder-0.5b"))
+    if args.draft_model is None and args.llama_draft and is_real_model(args.target) \
+            and real_model(args.target).name == "qwen2.5-coder-1.5b":
+        args.draft_model = "qwen2.5-coder-0.5b"
+    if args.draft_model == "none":
+        args.draft_model = None
     args.target = str(resolve_model(args.target, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)))
     for name in ("target", "gguf"):
         if not getattr(args, name) or not Path(getattr(args, name)).exists():
@@ -137,8 +148,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
     store = d3d.load_datastore(args.datastore, target) if args.datastore and drafter is not None else None
+    small = None
+    if args.draft_model and drafter is not None:
+        small = d3d.load_model(resolve_model(args.draft_model, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)),
+                               weights=args.weights)
     engines = tuple(e for e in ENGINES if (e not in SPECULATIVE or drafter is not None)
-                    and (e != "llama-spec" or args.llama_draft) and (e != "d3d-store" or store is not None))
+                    and (e != "llama-spec" or args.llama_draft) and (e != "d3d-store" or store is not None)
+                    and (e != "d3d-model" or small is not None))
     if note:
         print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)
     weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
@@ -164,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                                              Path(args.llama_draft) if engine == "llama-spec" else None)
                 else:
                     spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0",
-                            "d3d-store": d3d.SpecConfig(mode, datastore=store)}.get(engine, mode)
+                            "d3d-store": d3d.SpecConfig(mode, datastore=store),
+                            "d3d-model": d3d.SpecConfig(mode, draft_model=small)}.get(engine, mode)
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
                                        stop_ids=stops)
                     runs[engine] = {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,

@@ -132,13 +132,13 @@ class Explainer:
         print("\n".join(lines), file=self.out, flush=True)
 
 
-def target_dir(arg: str | None) -> Path:
-    """``--model``: a checkpoint directory, a real model's name (fetched and converted once, with
+def target_dir(arg: str | None, flag: str = "--model") -> Path:
+    """``--model`` (or ``flag``): a checkpoint directory, a real model's name (fetched and converted once, with
     progress), or, without one, the bundled target."""
     path = Path(resolve_model(arg, log=log_stderr)) if arg else bundled(BUNDLED_TARGET)
     if not (path / "config.json").is_file():
         what = "no config.json there" if path.is_dir() else "not a directory"
-        raise FileNotFoundError(f"--model {path}: {what} (expected a checkpoint directory or one of the real "
+        raise FileNotFoundError(f"{flag} {path}: {what} (expected a checkpoint directory or one of the real "
                                 f"models' names: {', '.join(real_model_names())})")
     return path
 
@@ -176,7 +176,13 @@ def cmd_generate(args) -> int:
         raise SystemExit(f"error: tokenizer {tok.source} produced id {max(ids)} >= model vocab_size {model.cfg.vocab_size}")
     stops = sorted(set(tok.stop_token_ids()) | set(model.cfg.eos_token_ids))
     printer = None if (args.json or args.explain) else StreamPrinter(tok)
-    spec = SpecConfig(mode, datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None, **knobs)
+    small = None
+    if args.draft_model:
+        if mode != "sync":
+            raise SystemExit(f"error: --draft-model drafts in sync rounds, not in mode {mode!r}: use --mode sync")
+        small = d3d.load_model(target_dir(args.draft_model, "--draft-model"), dtype=args.dtype, device=args.device, weights=args.weights)
+    spec = SpecConfig(mode, datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None,
+                      draft_model=small, **knobs)
     out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, spec=spec, drafter=drafter,
                        sampling=Sampling(args.temperature, args.top_k, args.top_p, args.seed), stop_ids=stops,
                        stream=printer, on_round=Explainer(tok) if args.explain else None)
@@ -198,6 +204,8 @@ def cmd_generate(args) -> int:
         summary += f", τ {s.tau:.2f}, {s.rounds} rounds (B={s.block_size})"
         if s.mode == "async":
             summary += f", hypothesis hit rate {s.hit_rate:.0%}"
+        if small is not None:
+            summary += f", {s.model_drafts} drafted by --draft-model"
     else:
         summary += f", {s.target_forwards} target forwards"
     summary += ", stopped on a stop token" if s.stopped[0] else ", reached --max-new-tokens"
@@ -425,6 +433,10 @@ def add_generate_parser(sub) -> None:
                         "answers continued the last few tokens with (answer stores of this model, e.g. "
                         "data/qwen2.5-coder-answers data/qwen2.5-coder-chat-answers; indexed at start, a few seconds) "
                         "before asking the drafter (lossless; d3d/decode/datastore.py)")
+    g.add_argument("--draft-model", default=None, metavar="MODEL",
+                   help="sync: a smaller model with the target's tokenizer (a directory or a real model's name, e.g. "
+                        "qwen2.5-coder-0.5b beside qwen2.5-coder-1.5b) drafts where no copy applies, greedy, one step "
+                        "a token, while its chain is likely enough to pay (lossless; d3d/decode/draft_model.py)")
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")

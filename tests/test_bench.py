@@ -313,7 +313,8 @@ def test_target_takes_a_directory_a_real_models_name_or_nothing(tmp_path, monkey
 def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch):
     """``bench llamacpp`` with stand-ins for llama.cpp's binaries (their timing lines, the target's texts not
     needed): every engine answers every request, d3d's speculative engines equal d3d-ar, and ``--datastore``
-    adds the d3d-store engine, the defaults drafting from the target's answer stores."""
+    adds the d3d-store engine, the defaults drafting from the target's answer stores, ``--draft-model`` the
+    d3d-model engine, the defaults drafting with a smaller model's chains (here the target's own)."""
     from bench import llamacpp
     from d3d.data.answers import AnswerStore, target_fingerprint
 
@@ -340,8 +341,8 @@ def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch
                              "--llama-bin", str(bins), "--drafter", str(tiny_pair / "drafter"), "--weights", "float32",
                              "--n-code", "2", "--n-prose", "1", "--new-tokens", "12", "--llama-draft",
                              str(tmp_path / "m.gguf"), "--datastore", str(tmp_path / "store"),
-                             "--out", str(tmp_path / "l.json")])
-    engines = {"llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store"}
+                             "--draft-model", str(tiny_pair / "target"), "--out", str(tmp_path / "l.json")])
+    engines = {"llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store", "d3d-model"}
     assert set(payload["tok_s"]["code"]) == engines and len(payload["tok_s"]["code"]["d3d-store"]) == 2
     assert payload["speculative_equal_to_ar"] == "3/3" and payload["config"]["datastore"] == [str(tmp_path / "store")]
     assert payload["tok_s"]["code"]["llama-ar"] == [8 / 0.11] * 2  # 7 runs + the prompt pass's token, 110 ms
@@ -349,4 +350,5 @@ def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch
     code = payload["tok_s"]["code"]
     ratios = [a / b for a, b in zip(code["d3d"], code["d3d-ar"])]  # per request, over d3d's own ar
     assert payload["vs_d3d_ar"]["code"]["d3d"] == {"median": statistics.median(ratios), "worst": min(ratios)}
-    assert set(payload["vs_d3d_ar"]["prose"]) == {"d3d-alone", "d3d", "d3d-store"}
+    assert set(payload["vs_d3d_ar"]["prose"]) == {"d3d-alone", "d3d", "d3d-store", "d3d-model"}
+    assert payload["tau"]["code"]["d3d-model"] >= 1

@@ -23,8 +23,10 @@ from .row_price import Fixed, PricedCut, PricedSuccessor, as_cut, as_successor_t
 
 if TYPE_CHECKING:
     from .datastore import Datastore
+    from ..model.transformer import Transformer
 
 MODES = ("ar", "sync", "async", "dflash")
+OBJECTS = ("mode", "datastore", "draft_model")  # fields the compact form leaves out (the mode leads it; objects)
 OVERLAPS = ("none", "stream", "packed")
 
 
@@ -58,6 +60,7 @@ class SpecConfig:
     overlap: str | None = None  # async: how the draft-ahead pass runs beside verification (OVERLAPS)
     exact: bool | None = None  # verify attention one row at a time (bit-exact low precision; None: auto)
     datastore: "Datastore | None" = field(default=None, compare=False)  # retrieved drafts (REST)
+    draft_model: "Transformer | None" = field(default=None, compare=False)  # a smaller model's chains (draft_model.py)
 
     @classmethod
     def parse(cls, text: str) -> "SpecConfig":
@@ -66,7 +69,7 @@ class SpecConfig:
         items = text.replace(",", " ").split()
         if not items or "=" in items[0]:
             raise ValueError(f"spec {text!r}: must start with a mode, one of {', '.join(MODES)}")
-        known = {f.name: f for f in fields(cls) if f.name not in ("mode", "datastore")}
+        known = {f.name: f for f in fields(cls) if f.name not in OBJECTS}
         values: dict = {"mode": items[0]}
         for item in items[1:]:
             name, eq, raw = item.partition("=")
@@ -84,7 +87,7 @@ class SpecConfig:
     def __str__(self) -> str:
         """The compact form ``parse`` reads: the mode, then every field that is set."""
         parts = [self.mode] + [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
-                               if f.name not in ("mode", "datastore") and getattr(self, f.name) is not None]
+                               if f.name not in OBJECTS and getattr(self, f.name) is not None]
         return " ".join(parts)
 
     def replace(self, **changes) -> "SpecConfig":
@@ -120,6 +123,15 @@ class SpecConfig:
             if self.mode not in ("sync", "async"):
                 raise ValueError(f"datastore with mode={self.mode!r}: datastore drafts are for the D3D modes, "
                                  "sync and async")
+        if self.draft_model is not None:
+            from ..model.transformer import Transformer
+
+            if not isinstance(self.draft_model, Transformer):
+                raise ValueError(f"draft_model: expected a d3d Transformer (d3d.load_model), got "
+                                 f"{type(self.draft_model).__name__}")
+            if self.mode != "sync":
+                raise ValueError(f"draft_model with mode={self.mode!r}: a draft model's chains are a source of sync "
+                                 "rounds (async drafts ahead with the block drafter alone)")
 
     def resolve(self, device: torch.device, int8_activations: bool = False, row_invariant: bool = False,
                 drafter_block_size: int | None = None) -> "SpecConfig":

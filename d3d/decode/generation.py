@@ -40,6 +40,7 @@ class GenerationStats:
     leaf_hits: int = 0  # leaves: rounds whose bonus was a verified leaf (one more token committed)
     lookup_drafts: int = 0  # lookup: drafts copied from the context instead of drafted (d3d.decode.lookup)
     datastore_drafts: int = 0  # datastore: drafts looked up in the target's earlier text (d3d.decode.datastore)
+    model_drafts: int = 0  # draft_model: drafts of a smaller model's greedy chain (d3d.decode.draft_model)
     drafter_forwards: int = 0
     successor_passes: int = 0  # async: rounds (x sequences) whose outcome hypotheses were drafted beside verification
     hypotheses: int = 0  # async: hypothesis blocks drafted, summed over rounds and sequences
@@ -77,6 +78,7 @@ class GenerationStats:
             self.leaf_hits += t.leaf_hits
             self.lookup_drafts += t.drafts[Origin.LOOKUP]
             self.datastore_drafts += t.drafts[Origin.DATASTORE]
+            self.model_drafts += t.drafts[Origin.MODEL]
             self.successor_hits += t.successor_hits
             self.fallbacks += t.fallbacks
             self.hits_by_accept = [a + b for a, b in zip(self.hits_by_accept, t.hits_by_accept)]

@@ -8,6 +8,7 @@ asks, per row, until one answers (``d3d.decode.speculative.Drafting.prepare``):
     a hypothesis of the last round   ready when it matched that round's outcome (``d3d.decode.hypotheses``)
     ``ContextLookup``                the context repeats itself: copy what followed (``d3d.decode.lookup``)
     ``Datastore``                    what the target's earlier answers continued with (``d3d.decode.datastore``)
+    ``ModelChain``                   a smaller model's greedy tokens, one step each (``d3d.decode.draft_model``)
     the drafter                      one batched pass for every row still without a draft
 
 Every source but the drafter has ``origin`` (an ``Origin``: what a sequence's counts and
@@ -29,6 +30,7 @@ class Origin(Enum):
     HYPOTHESIS = "hypothesis"  # the last round's hypothesis that matched its outcome (async)
     LOOKUP = "lookup"  # copied from the context (``ContextLookup``)
     DATASTORE = "datastore"  # the target's earlier answers (``d3d.decode.datastore``)
+    MODEL = "model"  # a smaller model's greedy chain (``d3d.decode.draft_model``)
     DRAFTER = "drafter"  # one drafter pass
     STEP = "step"  # none: the batch skipped the drafter this round, a plain step
 
@@ -83,9 +85,10 @@ class ContextLookup:
         return None if found is None else Draft(found.tokens, found.confidence, [], [])
 
 
-def draft_sources(lookup: int, datastore=None) -> list:
-    """The sources a resolved spec's ``lookup`` and ``datastore`` ask for, in the order a round asks them."""
-    return ([ContextLookup(lookup)] if lookup else []) + ([datastore] if datastore else [])
+def draft_sources(lookup: int, datastore=None, chain=None) -> list:
+    """The sources a resolved spec's ``lookup``, ``datastore`` and ``draft_model`` (its ``ModelChain``) ask for, in
+    the order a round asks them."""
+    return ([ContextLookup(lookup)] if lookup else []) + ([datastore] if datastore else []) + ([chain] if chain else [])
 
 
 __all__ = ["Draft", "Origin", "ContextLookup", "draft_sources"]

@@ -4,7 +4,8 @@ A D3D round (``SpeculativeDecoder.step``), for every running sequence (``schedul
 
     1 draft       the round's B-1 drafts from the first source that has one (``d3d.decode.sources``): a
                   hypothesis of the last round that matched its outcome, a copy from the context
-                  (``lookup``), the target's earlier answers (``datastore``), else one drafter pass over
+                  (``lookup``), the target's earlier answers (``datastore``), a smaller model's greedy chain
+                  (``draft_model``), else one drafter pass over
                   [uncached committed tokens ; anchor, mask x draft_size] for all sequences still without a
                   draft; then the plan: n = B-1, or with ``verify_min_prob`` only the drafts the drafter
                   believes in (``Draft.likely_length``), and the leaves worth their rows
@@ -53,6 +54,7 @@ from ..kernels.accept import accept
 from ..kernels.glue_cpu import argmax
 from .sequence import Sequence, all_greedy
 from .sources import Draft, Origin, draft_sources
+from .draft_model import ModelChain, chain_vocabulary, check_draft_model
 from ..model.cache import branches
 from ..model.transformer import Transformer
 from .overlap import Verification, make_overlap
@@ -336,8 +338,14 @@ class SpeculativeDecoder(Decoder):
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
         self.verifier = Verifier(target, tcache)
+        if spec.draft_model is not None:
+            check_draft_model(spec.draft_model, target)
+        self.chain = None if spec.draft_model is None else ModelChain(
+            spec.draft_model, rows, max_len + B + 1, self.price,
+            chain_vocabulary(target.cfg.vocab_size, getattr(drafter, "vocab_map", None), min(target.cfg.eos_token_ids, default=None)),
+            spec.draft_size or B - 1)
         self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves, spec.draft_size,
-                             draft_sources(spec.lookup, spec.datastore))
+                             draft_sources(spec.lookup, spec.datastore, self.chain))
 
     @torch.inference_mode()
     def admit(self, seqs: list[Sequence]) -> None:
@@ -351,6 +359,8 @@ class SpeculativeDecoder(Decoder):
             self.side.dcache.crop(seq.row, 0)
         for seq, t in zip(seqs, self.prefill(self.verifier.tcache, seqs)[0]):
             self.emit(seq, [t])
+        if self.chain is not None:
+            self.chain.prefill([s for s in seqs if not s.done])
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
@@ -372,6 +382,8 @@ class SpeculativeDecoder(Decoder):
     def draft(self, r: Round) -> None:
         """Step 1: every sequence's draft (``Drafting.prepare``); a priced cut may skip the drafter."""
         asks = self.spec.verify_min_prob.drafts(self.price, len(r.seqs))
+        if self.chain is not None:
+            self.chain.batch = len(r.seqs)
         r.drafted, r.draft_seconds, r.stepped = self.side.prepare(r.seqs, self.clock, drafter=asks)
 
     def plan(self, r: Round) -> None:

@@ -532,6 +532,7 @@ class Transformer(nn.Module):
         attn_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         greedy: bool = False,
+        head: torch.nn.Module | None = None,
     ):
         """Run one pass.
 
@@ -548,6 +549,8 @@ class Transformer(nn.Module):
             layer i), in the order asked (repeats allowed), for DFlash-style conditioning.
         greedy: only each row's argmax will be read (every row decodes greedily): where ``greedy_head`` applies, the
             logits of the columns that can be a row's maximum, exact, and -inf elsewhere (the same argmax).
+        head: an LM head over some of the vocabulary's rows instead of the model's (a draft model's:
+            ``d3d.decode.draft_model``); its logits are returned, one column per row it holds.
         Returns logits ``[T, V]`` / ``[B, S, V]`` (``[M, V]`` with logits_index), or
         ``(logits, [hidden ...])`` when ``hidden_layers`` is non-empty.
         """
@@ -574,8 +577,11 @@ class Transformer(nn.Module):
         if logits_index is not None and keep is None:
             x = x.reshape(-1, x.shape[-1]).index_select(0, logits_index)
         x = self.norm(x)
-        head = self._greedy_head_for(x) if greedy else None
-        logits = head.logits(x) if head is not None else cpu_linear.linear(x, self.output_weight())
+        if head is not None:
+            logits = head(x)
+        else:
+            greedy_head = self._greedy_head_for(x) if greedy else None
+            logits = greedy_head.logits(x) if greedy_head is not None else cpu_linear.linear(x, self.output_weight())
         if batch_shape is not None:
             logits = logits.view(*batch_shape, -1)
         return (logits, [hidden[i] for i in hidden_layers]) if hidden_layers else logits

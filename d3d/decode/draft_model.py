@@ -1,0 +1,137 @@
+"""A smaller model of the target's family as a draft source: its greedy tokens, one step each, for as long as
+they are likely enough to pay for their steps.
+
+Classic speculative decoding (a draft model; Leviathan et al. 2023, Chen et al. 2023) as one more source of
+``d3d.decode.sources``, asked after copies and before the block drafter. Where the target is Qwen2.5-Coder-1.5B
+and the draft model its 0.5B sibling, the 0.5B agrees with the 1.5B's greedy token at 72% of the positions of
+the 1.5B's free-writing answers and 91% of its code, where the block drafter's own τ is ~1.05 / ~1.4; a 0.5B
+step costs ~0.4 of a 1.5B step and verifying 4 rows ~1.05 steps (docs/results/draft-model/).
+
+Each step's token is drafted while the joint probability the small model gives its chain stays at least
+
+    R * (c + b),
+
+R the committed tokens per second (``RowPrice.rate``), c the seconds of one step of the small model (measured
+here) and b those of one more verified row (``RowPrice.seconds_per_row``): the tokens a draft is expected to add
+per second it costs must beat the rate the engine already commits at (``d3d.decode.row_price``'s rule with the
+step's price added). The first step is always taken. The small model's cache follows the sequence's committed
+tokens by content: each proposal crops it to the longest prefix it shares with them and feeds the rest in one pass
+(the anchor at least), so accepted drafts, a bonus or copied tokens between proposals cost one pass, not a
+replay. In a batch (more than one row a round) it proposes nothing: its steps would run a sequence at a time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..draft.drafter import draft_head
+from ..model.transformer import Transformer
+from .sources import Draft, Origin
+
+STEP_DECAY = 0.25  # the weight of a new step in the small model's seconds per step
+EXPECT = 0.8  # the probability a further step's token is expected to have (taking a step to see it costs the step)
+PRIOR_MIN_PROB = 0.5  # the cut before the row price has a rate (R * (c + b) measured ~0.5-0.6 on a 2-core CPU)
+LOW_IDS = 32768  # the chain drafts over the tokenizer's first ids (its most frequent merges) and ...
+
+
+def chain_vocabulary(vocab_size: int, also: torch.Tensor | None = None, special_from: int | None = None) -> torch.Tensor:
+    """The ids a chain drafts over (sorted): the ``LOW_IDS`` lowest, the ids from ``special_from`` on (the end-of-turn
+    and other special tokens), and ``also`` (the block drafter's drafting vocabulary, chosen from the answers it was
+    trained on). A head over these rows costs the 0.5B ~0.7 of its step with the whole vocabulary's; along the
+    1.5B's answers the 0.5B's greedy token stays the same at 0.69-0.70 of free-writing positions against 0.72 with
+    every id (docs/results/draft-model/)."""
+    ids = [torch.arange(min(LOW_IDS, vocab_size))]
+    if special_from is not None and special_from < vocab_size:
+        ids.append(torch.arange(special_from, vocab_size))
+    if also is not None:
+        ids.append(also.to("cpu", torch.long))
+    return torch.unique(torch.cat(ids))
+
+
+def check_draft_model(model: Transformer, target: Transformer) -> None:
+    """A draft model must speak the target's tokens: the same vocabulary rows, on the same device."""
+    if model.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"draft_model: its vocabulary has {model.cfg.vocab_size} rows, the target's "
+                         f"{target.cfg.vocab_size}: a draft model must share the target's tokenizer")
+    if model.device != target.device:
+        raise ValueError(f"draft_model: on {model.device}, the target on {target.device}: load both on one device")
+
+
+class ModelChain:
+    """Greedy drafts of ``model`` over the ids ``vocab`` (``chain_vocabulary``; None: every id), ``rows`` cache
+    rows of ``max_len`` tokens (one per sequence's row), at most ``longest`` tokens a draft (the spec's
+    ``draft_size``), cut by ``price`` (the decoder's ``RowPrice``) as the module docstring says."""
+
+    origin = Origin.MODEL
+    most_rows = 1  # the most sequences a round may hold for the chain to propose (its steps run one at a time)
+
+    def __init__(self, model: Transformer, rows: int, max_len: int, price, vocab: torch.Tensor | None = None,
+                 longest: int = 15):
+        self.model, self.price, self.longest = model, price, longest
+        self.vocab = None if vocab is None else vocab.to(model.device)
+        self.head = None if vocab is None else draft_head(model, self.vocab)
+        self.cache = model.new_cache(rows, max_len)
+        self.cached: list[list[int]] = [[] for _ in range(rows)]  # the tokens each cache row holds
+        self.step_seconds: float | None = None
+        self.batch = 1  # the sequences of the round being drafted (``SpeculativeDecoder.draft`` sets it)
+
+    def min_prob(self) -> float:
+        """R * (c + b): the least joint probability a further draft must have to pay for its step and row."""
+        if self.price.rated == 0 or self.step_seconds is None:
+            return PRIOR_MIN_PROB
+        return self.price.rate() * (self.step_seconds + (self.price.seconds_per_row() or 0.0))
+
+    def feed(self, rows: list[int], runs: list[list[int]]) -> list[tuple[int, float]]:
+        """Append each of ``runs`` to its cache row (one pass); each row's greedy next token and its probability."""
+        layout = self.cache.layout([len(r) for r in runs], rows)
+        ids = torch.tensor([t for r in runs for t in r], device=self.model.device)
+        logits = self.model(ids, layout, self.cache, logits_index=layout.last_token_index(), head=self.head).float()
+        top, best = logits.max(-1)
+        p = 1.0 / torch.exp(logits - top[:, None]).sum(-1)
+        if self.vocab is not None:
+            best = self.vocab[best]
+        for row, run in zip(rows, runs):
+            self.cached[row] += run
+        return list(zip(best.tolist(), p.tolist()))
+
+    def shared(self, row: int, tokens: list[int]) -> int:
+        """Crop ``row``'s cache to the longest prefix it shares with ``tokens`` (the last of them left out: it is
+        always fed again, to give the next token); returns that prefix's length."""
+        have, n = self.cached[row], 0
+        limit = min(len(have), len(tokens) - 1)
+        while n < limit and have[n] == tokens[n]:
+            n += 1
+        self.cache.crop(row, n)
+        del have[n:]
+        return n
+
+    def prefill(self, seqs) -> None:
+        """The admitted ``seqs``' prompts into the chain's cache, in one pass (outside the rounds, as the target's)."""
+        runs = [(s.row, s.tokens[self.shared(s.row, s.tokens):-1]) for s in seqs]
+        runs = [(row, run) for row, run in runs if run]
+        if runs:
+            self.feed([row for row, _ in runs], [run for _, run in runs])
+
+    def propose(self, seq, max_len: int) -> Draft | None:
+        if self.batch > self.most_rows or max_len < 1:
+            return None
+        room = self.cache.max_len - len(seq.tokens)
+        if room < 1:
+            return None
+        n = self.shared(seq.row, seq.tokens)
+        (token, p), = self.feed([seq.row], [seq.tokens[n:]])
+        tokens, confidence, joint, cut = [token], [p], p, self.min_prob()
+        while len(tokens) < min(max_len, room, self.longest) and joint * EXPECT >= cut:  # the next step's token is expected
+            t0 = time.perf_counter()
+            (token, p), = self.feed([seq.row], [[token]])
+            dt = time.perf_counter() - t0
+            self.step_seconds = dt if self.step_seconds is None else self.step_seconds + STEP_DECAY * (dt - self.step_seconds)
+            joint *= p
+            tokens.append(token)
+            confidence.append(p)
+        return Draft(tokens, confidence, [], [])
+
+
+__all__ = ["ModelChain", "chain_vocabulary", "check_draft_model"]

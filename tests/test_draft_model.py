@@ -1,0 +1,114 @@
+"""A smaller model as a draft source (``d3d.decode.draft_model``): its chains against a loop oracle, lossless
+engines, named errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from d3d.decode.config import SpecConfig
+from d3d.decode.draft_model import ModelChain, chain_vocabulary
+from d3d.decode.row_price import RowPrice
+from d3d.decode.sequence import Sequence
+from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
+
+PROMPTS = [[3, 7, 1], [5, 5, 5, 2], [2, 9, 11, 4, 8], [10, 12]]
+
+
+def greedy_chain(model, tokens, n, vocab=None):
+    """The oracle: n greedy tokens of ``model`` after ``tokens``, each from a fresh pass over everything (no cache),
+    the argmax over ``vocab``'s ids only where given, with its softmax probability over them."""
+    out, probs = [], []
+    for _ in range(n):
+        logits = model(torch.tensor([tokens + out]))[0, -1].double()
+        if vocab is not None:
+            logits = logits[vocab]
+        p = torch.softmax(logits, -1)
+        best = int(p.argmax())
+        out.append(best if vocab is None else int(vocab[best]))
+        probs.append(float(p[best]))
+    return out, probs
+
+
+def seq_at(tokens, row=0):
+    s = Sequence(list(tokens), 100)
+    s.row = row
+    return s
+
+
+@pytest.mark.parametrize("vocab", [None, "half"])
+def test_the_chain_is_the_small_models_greedy_run_whatever_its_cache_held(vocab):
+    small = tiny_target(seed=5)
+    ids = None if vocab is None else torch.arange(0, small.cfg.vocab_size, 2)
+    chain = ModelChain(small, rows=2, max_len=64, price=RowPrice(), vocab=ids, longest=5)
+    chain.min_prob = lambda: 0.0  # every step taken: the whole chain
+    history = [[3, 7, 1], [3, 7, 1, 4], [3, 7, 2, 2, 9], [3, 7, 2, 2, 9, 9, 9, 1], [1]]  # grows, parts, restarts
+    for tokens in history:
+        d = chain.propose(seq_at(tokens, row=1), max_len=15)
+        want, probs = greedy_chain(small, tokens, 5, ids)
+        assert d.tokens == want and d.confidence == pytest.approx(probs, rel=1e-4)
+        assert chain.cached[1] == tokens + want[:-1] and chain.cache.lengths[1] == len(tokens) + 4
+    assert chain.cache.lengths[0] == 0  # the other row untouched
+
+
+def test_the_chain_stops_where_its_joint_probability_falls_below_the_cut():
+    small = tiny_target(seed=5)
+    chain = ModelChain(small, rows=1, max_len=64, price=RowPrice(), longest=15)
+    tokens = [3, 7, 1]
+    want, probs = greedy_chain(small, tokens, 15)
+    for cut in (0.0, 0.05, 0.3, 0.9, 2.0):
+        chain.min_prob = lambda cut=cut: cut
+        d = chain.propose(seq_at(tokens), max_len=15)
+        n, joint = 1, probs[0]  # the first token always; another while the joint times EXPECT reaches the cut
+        while n < 15 and joint * 0.8 >= cut:
+            joint *= probs[n]
+            n += 1
+        assert d.tokens == want[:n]
+
+
+def test_chain_vocabulary_holds_the_low_ids_the_special_ones_and_the_drafters():
+    ids = chain_vocabulary(40000, torch.tensor([39000, 5, 33000]), special_from=39990)
+    assert ids.tolist() == sorted(set(range(32768)) | set(range(39990, 40000)) | {39000, 33000})
+    assert chain_vocabulary(100).tolist() == list(range(100))
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_greedy_with_a_draft_model_equals_ar(same):
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    small = target if same else tiny_target(seed=23)
+    ref = reference(target, PROMPTS, 40)
+    for p, r in zip(PROMPTS, ref):  # one sequence a round: the chain drafts
+        out = generate(target, p, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                       spec=SpecConfig(mode="sync", lookup=0, draft_model=small))
+        assert out.tokens == [r] and out.stats.model_drafts > 0
+        if same:  # the target drafting for itself: every draft accepted
+            assert out.stats.tau >= 2 and out.stats.accept_hist[0] == 0
+    batch = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                     spec=SpecConfig(mode="sync", lookup=0, draft_model=small))
+    assert batch.tokens == ref and batch.stats.model_drafts == 0  # a batch: the drafter drafts
+
+
+def test_sampling_with_a_draft_model_follows_the_target_distribution(monkeypatch):
+    """The chain's tokens are deterministic drafts: accepted with the target's probability, so sampled outputs
+    keep the target's distribution (control: acceptance that ignores T must fail)."""
+    target = tiny_target(seed=11, vocab=6, std=0.5)
+    drafter = random_drafter(target, 3, seed=12)
+    monkeypatch.setattr(ModelChain, "most_rows", 1 << 20)  # the 4,000 samples are one batch
+    out = assert_samples_follow_target(target, [0, 1, 2, 3, 4, 5], monkeypatch, mode="sync", drafter=drafter,
+                                       lookup=0, draft_model=tiny_target(seed=13, vocab=6, std=0.5))
+    assert out.stats.model_drafts >= 4000
+
+
+def test_draft_model_errors_are_named():
+    from d3d.decode.engines import generate as library_generate
+
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    with pytest.raises(ValueError, match="draft_model: expected a d3d Transformer"):
+        library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter, spec=SpecConfig("sync", draft_model="x"))
+    with pytest.raises(ValueError, match="draft_model with mode='async'"):
+        library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter, spec=SpecConfig("async", draft_model=target))
+    with pytest.raises(ValueError, match="its vocabulary has 20 rows, the target's"):
+        library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter,
+                         spec=SpecConfig("sync", draft_model=tiny_target(seed=1, vocab=20)))
