@@ -13,7 +13,8 @@ prompts only), these engines answer greedily with the same prompt tokens and the
     d3d-store     with ``--datastore DIR ...``: the defaults with those answer stores of the target as a draft
                   source (``generate --datastore``; ``d3d.decode.datastore``)
     d3d-model     with ``--draft-model MODEL`` (for the 1.5B by name: the 0.5B where fetched): the defaults with that
-                  smaller model's greedy chains as a draft source (``generate --draft-model``; ``d3d.decode.draft_model``)
+                  smaller model's greedy chains as a draft source (``generate --draft-model``;
+                  ``d3d.decode.draft_model``)
 
 Engines take turns request by request (the order reversed every other request, so drift hits them
 alike). tok/s = generated tokens / (prompt + generation time), model loading excluded (llama.cpp's
@@ -118,8 +119,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                     help="answer stores of the target's own answers (e.g. data/qwen2.5-coder-answers "
                          "data/qwen2.5-coder-chat-answers): adds the d3d-store engine, the defaults drafting from them")
     ap.add_argument("--draft-model", default=None, metavar="MODEL",
-                    help="a smaller model of the target's tokenizer (a d3d checkpoint or a real model's name): adds the "
-                         "d3d-model engine, the defaults drafting with its greedy chains (default for --target "
+                    help="a smaller model of the target's tokenizer (a d3d checkpoint or a real model's name): "
+                         "adds the d3d-model engine, the defaults drafting with its greedy chains (default for --target "
                          "qwen2.5-coder-1.5b: qwen2.5-coder-0.5b where d3d fetch kept it; 'none': no d3d-model)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
@@ -150,8 +151,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     store = d3d.load_datastore(args.datastore, target) if args.datastore and drafter is not None else None
     small = None
     if args.draft_model and drafter is not None:
-        small = d3d.load_model(resolve_model(args.draft_model, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)),
-                               weights=args.weights)
+        where = resolve_model(args.draft_model, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr))
+        small = d3d.load_model(where, weights=args.weights)
     engines = tuple(e for e in ENGINES if (e not in SPECULATIVE or drafter is not None)
                     and (e != "llama-spec" or args.llama_draft) and (e != "d3d-store" or store is not None)
                     and (e != "d3d-model" or small is not None))

@@ -180,7 +180,8 @@ def cmd_generate(args) -> int:
     if args.draft_model:
         if mode != "sync":
             raise SystemExit(f"error: --draft-model drafts in sync rounds, not in mode {mode!r}: use --mode sync")
-        small = d3d.load_model(target_dir(args.draft_model, "--draft-model"), dtype=args.dtype, device=args.device, weights=args.weights)
+        small = d3d.load_model(target_dir(args.draft_model, "--draft-model"), dtype=args.dtype, device=args.device,
+                               weights=args.weights)
     spec = SpecConfig(mode, datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None,
                       draft_model=small, **knobs)
     out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, spec=spec, drafter=drafter,

@@ -108,7 +108,8 @@ def test_draft_model_errors_are_named():
     with pytest.raises(ValueError, match="draft_model: expected a d3d Transformer"):
         library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter, spec=SpecConfig("sync", draft_model="x"))
     with pytest.raises(ValueError, match="draft_model with mode='async'"):
-        library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter, spec=SpecConfig("async", draft_model=target))
+        library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter,
+                         spec=SpecConfig("async", draft_model=target))
     with pytest.raises(ValueError, match="its vocabulary has 20 rows, the target's"):
         library_generate(target, [1, 2], max_new_tokens=3, drafter=drafter,
                          spec=SpecConfig("sync", draft_model=tiny_target(seed=1, vocab=20)))

@@ -342,7 +342,8 @@ class SpeculativeDecoder(Decoder):
             check_draft_model(spec.draft_model, target)
         self.chain = None if spec.draft_model is None else ModelChain(
             spec.draft_model, rows, max_len + B + 1, self.price,
-            chain_vocabulary(target.cfg.vocab_size, getattr(drafter, "vocab_map", None), min(target.cfg.eos_token_ids, default=None)),
+            chain_vocabulary(target.cfg.vocab_size, getattr(drafter, "vocab_map", None),
+                             min(target.cfg.eos_token_ids, default=None)),
             spec.draft_size or B - 1)
         self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves, spec.draft_size,
                              draft_sources(spec.lookup, spec.datastore, self.chain))
