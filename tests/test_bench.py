@@ -351,4 +351,4 @@ def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch
     ratios = [a / b for a, b in zip(code["d3d"], code["d3d-ar"])]  # per request, over d3d's own ar
     assert payload["vs_d3d_ar"]["code"]["d3d"] == {"median": statistics.median(ratios), "worst": min(ratios)}
     assert set(payload["vs_d3d_ar"]["prose"]) == {"d3d-alone", "d3d", "d3d-store", "d3d-model"}
-    assert payload["tau"]["code"]["d3d-model"] >= 1
+    assert payload["tau"]["code"]["d3d-model"] > 1  # the target drafting for itself: its chains are accepted

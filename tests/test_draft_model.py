@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from d3d.decode.config import SpecConfig
-from d3d.decode.draft_model import ModelChain, chain_vocabulary
+from d3d.decode.draft_model import EXPECT, ModelChain, chain_vocabulary
 from d3d.decode.row_price import RowPrice
 from d3d.decode.sequence import Sequence
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
@@ -60,7 +60,7 @@ def test_the_chain_stops_where_its_joint_probability_falls_below_the_cut():
         chain.min_prob = lambda cut=cut: cut
         d = chain.propose(seq_at(tokens), max_len=15)
         n, joint = 1, probs[0]  # the first token always; another while the joint times EXPECT reaches the cut
-        while n < 15 and joint * 0.8 >= cut:
+        while n < 15 and joint * EXPECT >= cut:
             joint *= probs[n]
             n += 1
         assert d.tokens == want[:n]

@@ -31,7 +31,7 @@ from .sources import Draft, Origin
 
 STEP_DECAY = 0.25  # the weight of a new step in the small model's seconds per step
 EXPECT = 0.8  # the probability a further step's token is expected to have (taking a step to see it costs the step)
-PRIOR_MIN_PROB = 0.5  # the cut before the row price has a rate (R * (c + b) measured ~0.5-0.6 on a 2-core CPU)
+PRIOR_MIN_PROB = 0.5  # the cut until the row price has a rate and a step is timed (a prior, not measured)
 LOW_IDS = 32768  # the chain drafts over the tokenizer's lowest ids (BPE merges in order: the most frequent) and ...
 
 

@@ -88,7 +88,7 @@ class ContextLookup:
 def draft_sources(lookup: int, datastore=None, chain=None) -> list:
     """The sources a resolved spec's ``lookup``, ``datastore`` and ``draft_model`` (its ``ModelChain``) ask for, in
     the order a round asks them."""
-    return ([ContextLookup(lookup)] if lookup else []) + ([datastore] if datastore else []) + ([chain] if chain else [])
+    return [s for s in (ContextLookup(lookup) if lookup else None, datastore, chain) if s]
 
 
 __all__ = ["Draft", "Origin", "ContextLookup", "draft_sources"]

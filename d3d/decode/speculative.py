@@ -338,13 +338,13 @@ class SpeculativeDecoder(Decoder):
         # caches: the drafter's has room for the K hypothesis blocks after a clean run
         tcache, dcache = self.ov.new_caches(target, drafter, rows, max_len + B + 1 + spec.leaves, max_len + (K + 2) * B + 2)
         self.verifier = Verifier(target, tcache)
+        self.chain = None  # a draft model's chains (d3d.decode.draft_model), asked after the other sources
         if spec.draft_model is not None:
             check_draft_model(spec.draft_model, target)
-        self.chain = None if spec.draft_model is None else ModelChain(
-            spec.draft_model, rows, max_len + B + 1, self.price,
-            chain_vocabulary(target.cfg.vocab_size, getattr(drafter, "vocab_map", None),
-                             min(target.cfg.eos_token_ids, default=None)),
-            spec.draft_size or B - 1)
+            vocab = chain_vocabulary(target.cfg.vocab_size, getattr(drafter, "vocab_map", None),
+                                     min(target.cfg.eos_token_ids, default=None))
+            self.chain = ModelChain(spec.draft_model, rows, max_len + B + 1, self.price, vocab,
+                                    spec.draft_size or B - 1)
         self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves, spec.draft_size,
                              draft_sources(spec.lookup, spec.datastore, self.chain))
 

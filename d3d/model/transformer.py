@@ -397,6 +397,13 @@ class Transformer(nn.Module):
         head = self.greedy_head()
         return head if head is not None and 0 < len(x) <= head.rows else None
 
+    def _logits(self, x: torch.Tensor, greedy: bool, head: torch.nn.Module | None) -> torch.Tensor:
+        """The final rows' logits: ``head``'s where given, else the greedy head's where it applies, else the model's."""
+        if head is not None:
+            return head(x)
+        greedy_head = self._greedy_head_for(x) if greedy else None
+        return greedy_head.logits(x) if greedy_head is not None else cpu_linear.linear(x, self.output_weight())
+
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
@@ -576,12 +583,7 @@ class Transformer(nn.Module):
             cache.advance(layout)
         if logits_index is not None and keep is None:
             x = x.reshape(-1, x.shape[-1]).index_select(0, logits_index)
-        x = self.norm(x)
-        if head is not None:
-            logits = head(x)
-        else:
-            greedy_head = self._greedy_head_for(x) if greedy else None
-            logits = greedy_head.logits(x) if greedy_head is not None else cpu_linear.linear(x, self.output_weight())
+        logits = self._logits(self.norm(x), greedy, head)
         if batch_shape is not None:
             logits = logits.view(*batch_shape, -1)
         return (logits, [hidden[i] for i in hidden_layers]) if hidden_layers else logits
