@@ -108,6 +108,7 @@ class Explainer:
         source = ("ready: a hypothesis of the previous round hit" if info.successor_used else
                   "looked up in the datastore" if info.stored else
                   "copied from the context" if info.copied else
+                  "a chain of --draft-model" if info.origin.value == "model" else
                   f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""
@@ -153,6 +154,26 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def add_draft_model_argument(p) -> None:
+    p.add_argument("--draft-model", default=None, metavar="MODEL",
+                   help="sync: a smaller model with the target's tokenizer (a directory or a real model's name, e.g. "
+                        "qwen2.5-coder-0.5b beside qwen2.5-coder-1.5b) drafts where no copy applies, greedy, one step "
+                        "a token, while its chain is likely enough to pay, for a sequence whose first rounds committed "
+                        "little and while it decodes alone (lossless; d3d/decode/draft_model.py)")
+
+
+def load_draft_model(args, mode: str):
+    """``--draft-model``'s model, loaded as the target was (its dtype, device and weights), or None; sync only."""
+    if not args.draft_model:
+        return None
+    if mode != "sync":
+        raise SystemExit(f"error: --draft-model drafts in sync rounds, not in mode {mode!r}: use --mode sync")
+    import d3d
+
+    return d3d.load_model(target_dir(args.draft_model, "--draft-model"), dtype=args.dtype,
+                          device=getattr(args, "device", None), weights=args.weights)
+
+
 def cmd_generate(args) -> int:
     import d3d
     from d3d.cpu.linear import matmul_path
@@ -176,12 +197,7 @@ def cmd_generate(args) -> int:
         raise SystemExit(f"error: tokenizer {tok.source} produced id {max(ids)} >= model vocab_size {model.cfg.vocab_size}")
     stops = sorted(set(tok.stop_token_ids()) | set(model.cfg.eos_token_ids))
     printer = None if (args.json or args.explain) else StreamPrinter(tok)
-    small = None
-    if args.draft_model:
-        if mode != "sync":
-            raise SystemExit(f"error: --draft-model drafts in sync rounds, not in mode {mode!r}: use --mode sync")
-        small = d3d.load_model(target_dir(args.draft_model, "--draft-model"), dtype=args.dtype, device=args.device,
-                               weights=args.weights)
+    small = load_draft_model(args, mode)
     spec = SpecConfig(mode, datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None,
                       draft_model=small, **knobs)
     out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, spec=spec, drafter=drafter,
@@ -434,10 +450,7 @@ def add_generate_parser(sub) -> None:
                         "answers continued the last few tokens with (answer stores of this model, e.g. "
                         "data/qwen2.5-coder-answers data/qwen2.5-coder-chat-answers; indexed at start, a few seconds) "
                         "before asking the drafter (lossless; d3d/decode/datastore.py)")
-    g.add_argument("--draft-model", default=None, metavar="MODEL",
-                   help="sync: a smaller model with the target's tokenizer (a directory or a real model's name, e.g. "
-                        "qwen2.5-coder-0.5b beside qwen2.5-coder-1.5b) drafts where no copy applies, greedy, one step "
-                        "a token, while its chain is likely enough to pay (lossless; d3d/decode/draft_model.py)")
+    add_draft_model_argument(g)
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model directory)")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the Qwen chat format")
@@ -495,6 +508,7 @@ def add_serve_parser(sub) -> None:
                         "models allow). Each slot holds a cache of this many tokens")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     add_weights_argument(s)
+    add_draft_model_argument(s)
     s.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     s.set_defaults(fn=cmd_serve)
 
@@ -514,7 +528,7 @@ def cmd_serve(args) -> int:
     mode = decide_mode(asked, default=picked)  # ar still loads a drafter: a request may ask for sync or async
     if note:
         print(f"d3d serve: {note}", file=sys.stderr)
-    spec = SpecConfig(mode, **knobs)
+    spec = SpecConfig(mode, draft_model=load_draft_model(args, mode), **knobs)
     try:
         server = serve(target, d3d.load_tokenizer(model_dir), drafter, spec, model_name(model_dir), args.host,
                        args.port, args.quiet, args.slots, args.context, decode_thread=False,

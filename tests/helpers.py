@@ -68,9 +68,10 @@ def save_hf(model, path: Path, *, layout: str = "new", max_shard_size: str | Non
     return Path(path)
 
 
-def bundled_server(**kw):
-    """``d3d serve`` on the bundled pair (sync with its drafter) on a free port of 127.0.0.1, quiet, and what
-    it serves: (server, target, tokenizer, drafter). The caller drains the server."""
+def bundled_server(draft_model=None, **kw):
+    """``d3d serve`` on the bundled pair (sync with its drafter; ``draft_model``: a smaller model's chains too) on a
+    free port of 127.0.0.1, quiet, and what it serves: (server, target, tokenizer, drafter). The caller drains the
+    server."""
     import d3d
     from d3d.assets import BUNDLED_TARGET, models_dir
     from d3d.draft.pick import pick_drafter
@@ -79,7 +80,8 @@ def bundled_server(**kw):
     target = d3d.load_model(models_dir() / BUNDLED_TARGET)
     tok = d3d.load_tokenizer(models_dir() / BUNDLED_TARGET)
     mode, drafter, _ = pick_drafter(target, "sync")
-    return serve(target, tok, drafter, d3d.SpecConfig(mode), "target-16m", port=0, quiet=True, **kw), target, tok, drafter
+    spec = d3d.SpecConfig(mode, draft_model=target if draft_model == "target" else draft_model)
+    return serve(target, tok, drafter, spec, "target-16m", port=0, quiet=True, **kw), target, tok, drafter
 
 
 def real_model_dir(name: str) -> Path:

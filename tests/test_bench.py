@@ -317,6 +317,7 @@ def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch
     d3d-model engine, the defaults drafting with a smaller model's chains (here the target's own)."""
     from bench import llamacpp
     from d3d.data.answers import AnswerStore, target_fingerprint
+    from d3d.decode import draft_model
 
     bins = tmp_path / "bin"
     bins.mkdir()
@@ -337,6 +338,7 @@ def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch
                  for p in prompts]], store.pending_path)
     store.seal(None, "float32")
     monkeypatch.setattr(llamacpp, "load_prompt_set", lambda name, tok, n, chat: prompts[:n])
+    monkeypatch.setattr(draft_model, "START_ROUNDS", 0)  # chains from the first round, whatever the drafter commits
     payload = llamacpp.main(["--target", str(tiny_pair / "target"), "--gguf", str(tmp_path / "m.gguf"),
                              "--llama-bin", str(bins), "--drafter", str(tiny_pair / "drafter"), "--weights", "float32",
                              "--n-code", "2", "--n-prose", "1", "--new-tokens", "12", "--llama-draft",

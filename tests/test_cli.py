@@ -315,17 +315,23 @@ def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_pa
 
 
 @pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")
-def test_generate_with_a_draft_model(capsys, tmp_path):
+def test_generate_with_a_draft_model(capsys, tmp_path, monkeypatch):
     """--draft-model: the summary counts the rounds it drafted, the output is ar's; named errors for another mode
     and for a directory that is not a checkpoint."""
+    from d3d.decode import draft_model
+
+    monkeypatch.setattr(draft_model, "START_ROUNDS", 0)  # chains from the first round, whatever the drafter commits
+    monkeypatch.setattr(draft_model, "START_TAU", float("inf"))
     base = ["generate", "--prompt", "import os\n", "--max-new-tokens", "24"]
     target = str(models_dir() / "target-16m")
     code, _, err = run_cli(base + ["--draft-model", target], capsys)
-    assert code == 0 and "[sync]" in err and re.search(r"\d+ drafted by --draft-model", err)
+    assert code == 0 and "[sync]" in err and re.search(r"[1-9]\d* drafted by --draft-model", err)
     _, ar, _ = run_cli(base + ["--mode", "ar"], capsys)
     _, chained, _ = run_cli(base + ["--draft-model", target], capsys)
     assert chained == ar
     with pytest.raises(SystemExit, match="--draft-model drafts in sync rounds, not in mode 'async'"):
         main(base + ["--draft-model", target, "--mode", "async"])
+    with pytest.raises(SystemExit, match="--draft-model drafts in sync rounds, not in mode 'async'"):
+        main(["serve", "--draft-model", target, "--mode", "async", "--port", "0"])  # refused before it listens
     code, _, err = run_cli(base + ["--draft-model", str(tmp_path)], capsys)
     assert code != 0 and f"--draft-model {tmp_path}: no config.json there" in err

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from d3d.decode.config import SpecConfig
-from d3d.decode.draft_model import EXPECT, ModelChain, chain_vocabulary
+from d3d.decode import draft_model
+from d3d.decode.draft_model import EXPECT, START_ROUNDS, START_TAU, ModelChain, chain_vocabulary
 from d3d.decode.row_price import RowPrice
 from d3d.decode.sequence import Sequence
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
@@ -30,10 +31,33 @@ def greedy_chain(model, tokens, n, vocab=None):
     return out, probs
 
 
-def seq_at(tokens, row=0):
+def seq_at(tokens, row=0, rounds=START_ROUNDS, tau=1.0):
+    """A sequence in ``row`` whose ``rounds`` rounds committed ``tau`` tokens each (by default: the chain starts)."""
     s = Sequence(list(tokens), 100)
-    s.row = row
+    s.row, s.tally.rounds, s.tally.accept_hist = row, rounds, [0] * 16
+    s.tally.accept_hist[round(tau) - 1] = rounds
     return s
+
+
+@pytest.fixture
+def from_the_first_round(monkeypatch):
+    """Chains start at admission (engine tests that count the chain's drafts)."""
+    monkeypatch.setattr(draft_model, "START_ROUNDS", 0)
+    monkeypatch.setattr(draft_model, "START_TAU", float("inf"))
+
+
+def test_a_sequences_chain_starts_where_its_rounds_commit_little_and_stays():
+    chain = ModelChain(tiny_target(seed=5), rows=2, max_len=64, price=RowPrice())
+    tokens = [3, 7, 1]
+    assert chain.propose(seq_at(tokens, rounds=START_ROUNDS - 1), 15) is None  # too early to tell
+    assert chain.propose(seq_at(tokens, tau=START_TAU + 1), 15) is None  # the rounds commit enough without it
+    assert chain.cache.lengths[0] == 0  # nothing fed
+    assert chain.propose(seq_at(tokens, tau=1), 15).tokens  # starts: the whole sequence fed in one pass
+    assert chain.cached[0][:3] == tokens
+    assert chain.propose(seq_at(tokens, tau=START_TAU + 1), 15).tokens  # started: it stays
+    assert chain.propose(seq_at(tokens, row=1, tau=START_TAU + 1), 15) is None  # per row
+    chain.admit([seq_at(tokens, row=0)])  # a new sequence in row 0 starts without it
+    assert chain.propose(seq_at(tokens, tau=START_TAU + 1), 15) is None
 
 
 @pytest.mark.parametrize("vocab", [None, "half"])
@@ -73,7 +97,7 @@ def test_chain_vocabulary_holds_the_low_ids_the_special_ones_and_the_drafters():
 
 
 @pytest.mark.parametrize("same", [True, False])
-def test_greedy_with_a_draft_model_equals_ar(same):
+def test_greedy_with_a_draft_model_equals_ar(same, from_the_first_round):
     target = tiny_target(seed=21)
     drafter = random_drafter(target, 5, seed=22)
     small = target if same else tiny_target(seed=23)
@@ -89,7 +113,7 @@ def test_greedy_with_a_draft_model_equals_ar(same):
     assert batch.tokens == ref and batch.stats.model_drafts == 0  # a batch: the drafter drafts
 
 
-def test_sampling_with_a_draft_model_follows_the_target_distribution(monkeypatch):
+def test_sampling_with_a_draft_model_follows_the_target_distribution(monkeypatch, from_the_first_round):
     """The chain's tokens are deterministic drafts: accepted with the target's probability, so sampled outputs
     keep the target's distribution (control: acceptance that ignores T must fail)."""
     target = tiny_target(seed=11, vocab=6, std=0.5)

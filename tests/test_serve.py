@@ -296,6 +296,26 @@ def test_round_information_colours_every_token(server):
     assert [t["origin"] for i in ar for t in i["tokens"]] == ["step"] * 5
 
 
+def test_a_draft_models_chains_serve_sync_requests(monkeypatch):
+    """A server with a draft model (here the target itself, its chains from the first round): a sync request's
+    rounds draft with it ("model" tokens) and answer as generate does; async requests decode without it."""
+    from d3d.decode import draft_model
+
+    monkeypatch.setattr(draft_model, "START_ROUNDS", 0)
+    srv, target, tok, drafter = bundled_server(draft_model="target")
+    try:
+        events = stream_events(srv, {"prompt": "import os\n", "max_tokens": 24, "stream": True, "d3d": True})
+        origins = [t["origin"] for e in events if e.get("d3d") for t in e["d3d"]["tokens"]]
+        assert "model" in origins and "drafter" not in origins  # chains where no copy applies
+        text = "".join(e["choices"][0]["text"] for e in events)
+        assert text == tok.decode(expected(target, tok, drafter, tok.encode("import os\n"), 24), skip_special_tokens=True)
+        events = stream_events(srv, {"prompt": "import os\n", "max_tokens": 24, "stream": True, "d3d": True,
+                                     "d3d_mode": "async"})
+        assert "model" not in {t["origin"] for e in events if e.get("d3d") for t in e["d3d"]["tokens"]}
+    finally:
+        srv.drain(timeout=60)
+
+
 def test_d3d_mode_is_checked(server):
     srv = server[0]
     conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)

@@ -4,8 +4,8 @@ each, while they are likely enough to pay for their steps.
 Classic speculative decoding (a draft model; Leviathan et al. 2023, Chen et al. 2023) as one more source of
 ``d3d.decode.sources``, asked after copies and before the block drafter. Beside Qwen2.5-Coder-1.5B its 0.5B sibling
 takes the 1.5B's greedy token at 0.70 of free-writing positions and 0.91 of code ones, where the drafter's τ is
-~1.05 / ~1.4; over the rows ``chain_vocabulary`` keeps, its step costs 0.31-0.40 of the 1.5B's. It trades code
-(1.76x -> 1.57x of ar on validation) for prose (MT-Bench 1.02x -> 1.15x): docs/results/draft-model/.
+~1.05 / ~1.4; over the rows ``chain_vocabulary`` keeps, its step costs 0.31-0.40 of the 1.5B's. Its prose gains
+are small and code's even (docs/results/draft-model/).
 
 After the first token (always drafted) the chain takes another step while its joint probability times ``EXPECT``
 (the next token's expected probability: the step that shows it costs a step) is at least
@@ -15,8 +15,13 @@ After the first token (always drafted) the chain takes another step while its jo
 R the committed tokens per second (``RowPrice.rate``), c the seconds of one of its steps (measured here), b those
 of one more verified row (``RowPrice.seconds_per_row``): ``d3d.decode.row_price``'s rule with the step's price
 added. The cache follows the sequence's committed tokens by content: a proposal crops it to the longest prefix it
-shares with them and feeds the rest in one pass (the anchor at least); the prompt enters at admission. It proposes
-for one sequence a round only (``most_rows``): in a batch its steps would run a sequence at a time.
+shares with them and feeds the rest in one pass (the anchor at least). It proposes for one sequence a round only
+(``most_rows``): in a batch its steps would run a sequence at a time.
+
+A sequence's chain starts late (``ModelChain.starts``): after ``START_ROUNDS`` rounds that committed fewer than
+``START_TAU`` tokens each, its first proposal feeding the whole sequence. Fed at admission, the prompt had cost a
+third of the target's prefill on every request, and code, served by copies and the drafter, lost by it (validation
+1.557x -> 1.670x of ar with the late start, docs/results/draft-model/start/).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from ..draft.drafter import draft_head
 from ..model.transformer import Transformer
 from .sources import Draft, Origin
 
+START_ROUNDS = 4  # a sequence's chain starts after this many rounds ...
+START_TAU = 1.5  # ... where they committed fewer tokens a round than this (copies and the drafter serve it poorly)
 STEP_DECAY = 0.25  # the weight of a new step in the small model's seconds per step
 EXPECT = 0.8  # the probability a further step's token is expected to have (taking a step to see it costs the step)
 PRIOR_MIN_PROB = 0.5  # the cut until the row price has a rate and a step is timed (a prior, not measured)
@@ -73,6 +80,7 @@ class ModelChain:
         self.head = None if vocab is None else draft_head(model, self.vocab)
         self.cache = model.new_cache(rows, max_len)
         self.cached: list[list[int]] = [[] for _ in range(rows)]  # the tokens each cache row holds
+        self.started = [False] * rows  # whether the chain drafts for the sequence in each row
         self.step_seconds: float | None = None
         self.batch = 1  # the sequences of the round being drafted (``SpeculativeDecoder.draft`` sets it)
 
@@ -106,15 +114,20 @@ class ModelChain:
         del have[n:]
         return n
 
-    def prefill(self, seqs) -> None:
-        """The admitted ``seqs``' prompts into the chain's cache, in one pass (outside the rounds, as the target's)."""
-        runs = [(s.row, s.tokens[self.shared(s.row, s.tokens):-1]) for s in seqs]
-        runs = [(row, run) for row, run in runs if run]
-        if runs:
-            self.feed([row for row, _ in runs], [run for _, run in runs])
+    def admit(self, seqs) -> None:
+        """The admitted ``seqs`` start without the chain: it drafts for one once ``started`` says so."""
+        for s in seqs:
+            self.started[s.row] = False
+
+    def starts(self, seq) -> bool:
+        """Whether the chain drafts for ``seq`` from now on: after ``START_ROUNDS`` rounds that committed under
+        ``START_TAU`` tokens each on average. Its first proposal feeds the whole sequence (a prompt pass)."""
+        if not self.started[seq.row] and seq.tally.rounds >= START_ROUNDS and seq.tally.tau < START_TAU:
+            self.started[seq.row] = True
+        return self.started[seq.row]
 
     def propose(self, seq, max_len: int) -> Draft | None:
-        if self.batch > self.most_rows or max_len < 1:
+        if self.batch > self.most_rows or max_len < 1 or not self.starts(seq):
             return None
         room = self.cache.max_len - len(seq.tokens)
         if room < 1:

@@ -95,6 +95,7 @@ class RoundInfo:
     copied: bool = False  # lookup: this round's draft was copied from the context (d3d.decode.lookup) or the datastore
     stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.decode.datastore)
     min_prob: float = 0.0  # the verify_min_prob this round's drafts were cut at (measured with "auto")
+    origin: Origin = Origin.DRAFTER  # where this round's draft came from
 
 
 @dataclass
@@ -361,7 +362,7 @@ class SpeculativeDecoder(Decoder):
         for seq, t in zip(seqs, self.prefill(self.verifier.tcache, seqs)[0]):
             self.emit(seq, [t])
         if self.chain is not None:
-            self.chain.prefill([s for s in seqs if not s.done])
+            self.chain.admit(seqs)
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
@@ -481,7 +482,7 @@ def round_info(r: Round, j: int, origin: Origin, o: Outcome, new: list[int], min
                      sync_draft_seconds=r.draft_seconds if origin is Origin.DRAFTER else 0.0, verify_span=r.v_span,
                      draft_span=r.d_span if mine else None, confidence=d.certainty, hypotheses=r.hyps[j], hit=hit,
                      leaf=o.leaf, copied=origin in (Origin.LOOKUP, Origin.DATASTORE),
-                     stored=origin is Origin.DATASTORE, min_prob=r.min_prob)
+                     stored=origin is Origin.DATASTORE, min_prob=r.min_prob, origin=origin)
 
 
 __all__ = ["DRAFT_WINDOW", "SpeculativeDecoder", "RoundInfo", "Round", "Verifier", "Drafting", "Draft", "Outcome", "host_drafts",

@@ -36,6 +36,7 @@ from collections import deque
 from ..decode.config import SpecConfig, resolved_spec
 from ..decode.engines import ArDecoder
 from ..decode.sequence import Sequence
+from ..decode.sources import Origin
 from ..decode.speculative import SpeculativeDecoder
 from .protocol import Request
 
@@ -180,7 +181,8 @@ class Scheduler:
             if job.req.explain:
                 job.info = round_info(self.tok, job, r)
 
-        spec = resolved_spec(self.target, self.drafter, self.spec.replace(mode=mode))
+        chain = self.spec.draft_model if mode == "sync" else None  # a draft model's chains are a sync source
+        spec = resolved_spec(self.target, self.drafter, self.spec.replace(mode=mode, draft_model=chain))
         return SpeculativeDecoder(self.target, self.drafter, spec, self.slots, self.context, on_round=on_round)
 
     def round(self, group: Group) -> None:
@@ -251,7 +253,7 @@ def round_info(tok, job: Job, r) -> dict:
     """What the round ``r`` (a ``RoundInfo``) did for ``job``: its draft, how much of it the target
     accepted, each committed token's origin (the draft's source, ``leaf``, ``bonus``), the rejected
     rest of the draft, and the request's tau so far."""
-    source = "hypothesis" if r.successor_used else "datastore" if r.stored else "copy" if r.copied else "drafter"
+    source = "copy" if r.origin is Origin.LOOKUP else r.origin.value if r.draft else "drafter"
     origins = [source] * (len(r.committed) - 1) + ["bonus" if r.draft else "step"]  # no draft: a plain step
     if r.leaf is not None:
         origins[-2] = "leaf"
