@@ -12,9 +12,10 @@ prompts only), these engines answer greedily with the same prompt tokens and the
     d3d           d3d's defaults (``python -m d3d generate``: sync with the drafter on a CPU, its defaults)
     d3d-store     with ``--datastore DIR ...``: the defaults with those answer stores of the target as a draft
                   source (``generate --datastore``; ``d3d.decode.datastore``)
-    d3d-model     with ``--draft-model MODEL`` (for the 1.5B by name: the 0.5B where fetched): the defaults with that
-                  smaller model's greedy chains as a draft source (``generate --draft-model``;
-                  ``d3d.decode.draft_model``)
+    d3d-model     with ``--draft-model MODEL``: the defaults with that smaller model's greedy chains as a draft source
+                  (``generate --draft-model``; ``d3d.decode.draft_model``). The defaults themselves (d3d, d3d-store)
+                  draft with the target's default draft model where it has one (the 1.5B: the 0.5B's chains;
+                  ``--draft-model none``: without)
 
 Engines take turns request by request (the order reversed every other request, so drift hits them
 alike). tok/s = generated tokens / (prompt + generation time), model loading excluded (llama.cpp's
@@ -45,7 +46,7 @@ from pathlib import Path
 import torch
 
 import d3d
-from d3d.draft.pick import pick_drafter
+from d3d.draft.pick import default_draft_model, pick_drafter
 from d3d.fetch import gguf_path, is_real_model, lookup as real_model, resolve_model
 from d3d.data.prompts import load_prompt_set
 
@@ -53,6 +54,12 @@ from .common import copy_bandwidth_gbs, machine, markdown_table, over, write_jso
 
 ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store", "d3d-model")
 SPECULATIVE = ("d3d-alone", "d3d", "d3d-store", "d3d-model")  # d3d's engines that need a drafter
+
+
+def load_small(name: str, weights: str):
+    """A draft model by directory or real model's name, its weights as the target's."""
+    return d3d.load_model(resolve_model(name, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)),
+                          weights=weights)
 
 
 def over_d3d_ar(results: dict) -> dict:
@@ -120,8 +127,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                          "data/qwen2.5-coder-chat-answers): adds the d3d-store engine, the defaults drafting from them")
     ap.add_argument("--draft-model", default=None, metavar="MODEL",
                     help="a smaller model of the target's tokenizer (a d3d checkpoint or a real model's name): "
-                         "adds the d3d-model engine, the defaults drafting with its greedy chains (default for --target "
-                         "qwen2.5-coder-1.5b: qwen2.5-coder-0.5b where d3d fetch kept it; 'none': no d3d-model)")
+                         "adds the d3d-model engine, the defaults drafting with its greedy chains; 'none': the defaults "
+                         "without the target's default draft model (the 1.5B's: the 0.5B where d3d fetch kept it)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup", "llama-speculative-simple")}
@@ -132,14 +139,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     if args.gguf is None and is_real_model(args.target):
         args.gguf = str(gguf_path(args.target))
-    if args.llama_draft is None and is_real_model(args.target) and real_model(args.target).name == "qwen2.5-coder-1.5b" \
-            and gguf_path("qwen2.5-coder-0.5b").is_file():
-        args.llama_draft = str(gguf_path("qwen2.5-coder-0.5b"))
-    if args.draft_model is None and args.llama_draft and is_real_model(args.target) \
-            and real_model(args.target).name == "qwen2.5-coder-1.5b":
-        args.draft_model = "qwen2.5-coder-0.5b"
-    if args.draft_model == "none":
-        args.draft_model = None
+    sibling = real_model(args.target).draft_model if is_real_model(args.target) else None  # the 1.5B's: the 0.5B
+    if args.llama_draft is None and sibling and gguf_path(sibling).is_file():
+        args.llama_draft = str(gguf_path(sibling))
     args.target = str(resolve_model(args.target, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr)))
     for name in ("target", "gguf"):
         if not getattr(args, name) or not Path(getattr(args, name)).exists():
@@ -149,10 +151,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
     store = d3d.load_datastore(args.datastore, target) if args.datastore and drafter is not None else None
-    small = None
-    if args.draft_model and drafter is not None:
-        where = resolve_model(args.draft_model, log=lambda m: print(f"bench llamacpp: {m}", file=sys.stderr))
-        small = d3d.load_model(where, weights=args.weights)
+    small = chains = None  # --draft-model's (the d3d-model engine), the defaults' (pick.default_draft_model)
+    if drafter is not None:
+        chains = None if args.draft_model == "none" else default_draft_model(target, mode)
+        small, chains = (load_small(name, args.weights) if name not in (None, "none") else None
+                         for name in (args.draft_model, chains))
     engines = tuple(e for e in ENGINES if (e not in SPECULATIVE or drafter is not None)
                     and (e != "llama-spec" or args.llama_draft) and (e != "d3d-store" or store is not None)
                     and (e != "d3d-model" or small is not None))
@@ -181,8 +184,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                                              Path(args.llama_draft) if engine == "llama-spec" else None)
                 else:
                     spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0",
-                            "d3d-store": d3d.SpecConfig(mode, datastore=store),
-                            "d3d-model": d3d.SpecConfig(mode, draft_model=small)}.get(engine, mode)
+                            "d3d-store": d3d.SpecConfig(mode, datastore=store, draft_model=chains),
+                            "d3d-model": d3d.SpecConfig(mode, draft_model=small)}.get(engine, d3d.SpecConfig(mode, draft_model=chains))
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
                                        stop_ids=stops)
                     runs[engine] = {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,

@@ -159,19 +159,25 @@ def add_draft_model_argument(p) -> None:
                    help="sync: a smaller model with the target's tokenizer (a directory or a real model's name, e.g. "
                         "qwen2.5-coder-0.5b beside qwen2.5-coder-1.5b) drafts where no copy applies, greedy, one step "
                         "a token, while its chain is likely enough to pay, for a sequence whose first rounds committed "
-                        "little and while it decodes alone (lossless; d3d/decode/draft_model.py)")
+                        "little and while it decodes alone (lossless; d3d/decode/draft_model.py). Default: the one the "
+                        "real target names, where fetched (qwen2.5-coder-1.5b: qwen2.5-coder-0.5b); 'none': without")
 
 
-def load_draft_model(args, mode: str):
-    """``--draft-model``'s model, loaded as the target was (its dtype, device and weights), or None; sync only."""
-    if not args.draft_model:
-        return None
+def load_draft_model(args, mode: str, model):
+    """``--draft-model``'s model, else the default one for ``model`` (``pick.default_draft_model``), loaded as the
+    target was (its dtype, device and weights), or None (``none``); sync only. Returns (it, a note for stderr)."""
+    import d3d
+    from d3d.draft.pick import default_draft_model
+
+    asked, note = args.draft_model, ""
+    if asked is None and (asked := default_draft_model(model, mode)):
+        note = f"draft model: {asked} (--draft-model none: without)"
+    if not asked or asked == "none":
+        return None, ""
     if mode != "sync":
         raise SystemExit(f"error: --draft-model drafts in sync rounds, not in mode {mode!r}: use --mode sync")
-    import d3d
-
-    return d3d.load_model(target_dir(args.draft_model, "--draft-model"), dtype=args.dtype,
-                          device=getattr(args, "device", None), weights=args.weights)
+    return d3d.load_model(target_dir(asked, "--draft-model"), dtype=args.dtype, device=getattr(args, "device", None),
+                          weights=args.weights), note
 
 
 def cmd_generate(args) -> int:
@@ -197,7 +203,8 @@ def cmd_generate(args) -> int:
         raise SystemExit(f"error: tokenizer {tok.source} produced id {max(ids)} >= model vocab_size {model.cfg.vocab_size}")
     stops = sorted(set(tok.stop_token_ids()) | set(model.cfg.eos_token_ids))
     printer = None if (args.json or args.explain) else StreamPrinter(tok)
-    small = load_draft_model(args, mode)
+    small, small_note = load_draft_model(args, mode, model)
+    note = "; ".join(n for n in (note, small_note) if n)
     spec = SpecConfig(mode, datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None,
                       draft_model=small, **knobs)
     out = d3d.generate(model, ids, max_new_tokens=args.max_new_tokens, spec=spec, drafter=drafter,
@@ -222,7 +229,7 @@ def cmd_generate(args) -> int:
         if s.mode == "async":
             summary += f", hypothesis hit rate {s.hit_rate:.0%}"
         if small is not None:
-            summary += f", {s.model_drafts} drafted by --draft-model"
+            summary += f", {s.model_drafts} drafted by the draft model"
     else:
         summary += f", {s.target_forwards} target forwards"
     summary += ", stopped on a stop token" if s.stopped[0] else ", reached --max-new-tokens"
@@ -528,7 +535,10 @@ def cmd_serve(args) -> int:
     mode = decide_mode(asked, default=picked)  # ar still loads a drafter: a request may ask for sync or async
     if note:
         print(f"d3d serve: {note}", file=sys.stderr)
-    spec = SpecConfig(mode, draft_model=load_draft_model(args, mode), **knobs)
+    small, small_note = load_draft_model(args, mode, target)
+    if small_note:
+        print(f"d3d serve: {small_note}", file=sys.stderr)
+    spec = SpecConfig(mode, draft_model=small, **knobs)
     try:
         server = serve(target, d3d.load_tokenizer(model_dir), drafter, spec, model_name(model_dir), args.host,
                        args.port, args.quiet, args.slots, args.context, decode_thread=False,

@@ -41,6 +41,7 @@ class RealModel:
     parts: tuple[Part, ...]
     sha256: str    # of the whole GGUF
     drafter: str | None = None  # the bundled drafter under models/ that fits it, if any
+    draft_model: str | None = None  # a smaller real model of its tokenizer whose chains sync drafts with, where fetched
 
     @property
     def size(self) -> int:
@@ -91,7 +92,7 @@ REAL_MODELS = {m.name: m for m in (
             (_MB50, "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344"),
             (16_315_968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a")]),
         # byte-identical to the official qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", draft_model="qwen2.5-coder-0.5b"),
 )}
 ALIASES = {"real": "qwen2.5-coder-0.5b"}
 

@@ -319,13 +319,14 @@ def test_generate_with_a_draft_model(capsys, tmp_path, monkeypatch):
     """--draft-model: the summary counts the rounds it drafted, the output is ar's; named errors for another mode
     and for a directory that is not a checkpoint."""
     from d3d.decode import draft_model
+    from d3d.draft import pick
 
     monkeypatch.setattr(draft_model, "START_ROUNDS", 0)  # chains from the first round, whatever the drafter commits
     monkeypatch.setattr(draft_model, "START_TAU", float("inf"))
     base = ["generate", "--prompt", "import os\n", "--max-new-tokens", "24"]
     target = str(models_dir() / "target-16m")
     code, _, err = run_cli(base + ["--draft-model", target], capsys)
-    assert code == 0 and "[sync]" in err and re.search(r"[1-9]\d* drafted by --draft-model", err)
+    assert code == 0 and "[sync]" in err and re.search(r"[1-9]\d* drafted by the draft model", err)
     _, ar, _ = run_cli(base + ["--mode", "ar"], capsys)
     _, chained, _ = run_cli(base + ["--draft-model", target], capsys)
     assert chained == ar
@@ -335,3 +336,9 @@ def test_generate_with_a_draft_model(capsys, tmp_path, monkeypatch):
         main(["serve", "--draft-model", target, "--mode", "async", "--port", "0"])  # refused before it listens
     code, _, err = run_cli(base + ["--draft-model", str(tmp_path)], capsys)
     assert code != 0 and f"--draft-model {tmp_path}: no config.json there" in err
+    monkeypatch.setattr(pick, "default_draft_model", lambda model, mode: target if mode == "sync" else None)
+    code, by_default, err = run_cli(base, capsys)  # a target whose catalogue entry names a draft model
+    assert code == 0 and f"draft model: {target}" in err and re.search(r"[1-9]\d* drafted by the draft model", err)
+    assert by_default == ar
+    code, _, err = run_cli(base + ["--draft-model", "none"], capsys)
+    assert code == 0 and "draft model" not in err

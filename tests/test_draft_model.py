@@ -8,7 +8,7 @@ import torch
 
 from d3d.decode.config import SpecConfig
 from d3d.decode import draft_model
-from d3d.decode.draft_model import EXPECT, START_ROUNDS, START_TAU, ModelChain, chain_vocabulary
+from d3d.decode.draft_model import EXPECT, START_ROUNDS, START_TAU, ModelChain, chain_head, chain_vocabulary
 from d3d.decode.row_price import RowPrice
 from d3d.decode.sequence import Sequence
 from test_engines import assert_samples_follow_target, generate, random_drafter, reference, tiny_target
@@ -90,6 +90,15 @@ def test_the_chain_stops_where_its_joint_probability_falls_below_the_cut():
         assert d.tokens == want[:n]
 
 
+def test_a_models_chain_head_is_made_once_for_its_rows():
+    small = tiny_target(seed=5)
+    evens, odds = torch.arange(0, small.cfg.vocab_size, 2), torch.arange(1, small.cfg.vocab_size, 2)
+    a = ModelChain(small, rows=1, max_len=64, price=RowPrice(), vocab=evens)
+    assert a.head is ModelChain(small, rows=1, max_len=64, price=RowPrice(), vocab=evens.clone()).head
+    assert chain_head(small, odds) is not a.head  # other rows: a head of its own ...
+    torch.testing.assert_close(chain_head(small, odds).weight, small.output_weight()[odds])  # ... over them
+
+
 def test_chain_vocabulary_holds_the_low_ids_the_special_ones_and_the_drafters():
     ids = chain_vocabulary(40000, torch.tensor([39000, 5, 33000]), special_from=39990)
     assert ids.tolist() == sorted(set(range(32768)) | set(range(39990, 40000)) | {39000, 33000})
@@ -122,6 +131,20 @@ def test_sampling_with_a_draft_model_follows_the_target_distribution(monkeypatch
     out = assert_samples_follow_target(target, [0, 1, 2, 3, 4, 5], monkeypatch, mode="sync", drafter=drafter,
                                        lookup=0, draft_model=tiny_target(seed=13, vocab=6, std=0.5))
     assert out.stats.model_drafts >= 4000
+
+
+def test_the_default_draft_model_is_the_fetched_sibling_the_catalogue_names(monkeypatch):
+    from d3d import fetch
+    from d3d.draft.pick import default_draft_model
+
+    fetched = {"qwen2.5-coder-0.5b"}
+    monkeypatch.setattr(fetch, "is_fetched", lambda name, root=None: name in fetched)
+    for name, want in (("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"), ("qwen2.5-coder-0.5b", None), (None, None)):
+        monkeypatch.setattr(fetch, "real_model_name", lambda path, name=name: name)
+        assert default_draft_model(tiny_target(seed=1), "sync") == want
+    assert default_draft_model(tiny_target(seed=1), "async") is None  # chains are a source of sync rounds
+    fetched.clear()  # not fetched: none (nothing is downloaded for it)
+    assert default_draft_model(tiny_target(seed=1), "sync") is None
 
 
 def test_draft_model_errors_are_named():

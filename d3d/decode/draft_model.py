@@ -1,11 +1,11 @@
-"""A smaller model of the target's tokenizer as a draft source (opt-in ``draft_model``): its greedy tokens, a step
-each, while they are likely enough to pay for their steps.
+"""A smaller model of the target's tokenizer as a draft source (``draft_model``; the 1.5B's default beside the 0.5B,
+``d3d.draft.pick.default_draft_model``): its greedy tokens, a step each, while they are likely enough to pay.
 
 Classic speculative decoding (a draft model; Leviathan et al. 2023, Chen et al. 2023) as one more source of
 ``d3d.decode.sources``, asked after copies and before the block drafter. Beside Qwen2.5-Coder-1.5B its 0.5B sibling
 takes the 1.5B's greedy token at 0.70 of free-writing positions and 0.91 of code ones, where the drafter's τ is
-~1.05 / ~1.4; over the rows ``chain_vocabulary`` keeps, its step costs 0.31-0.40 of the 1.5B's. Its prose gains
-are small and code's even (docs/results/draft-model/).
+~1.05 / ~1.4; over the rows ``chain_vocabulary`` keeps, its step costs 0.31-0.40 of the 1.5B's. On validation prose
+it gained 3.7% on average, code even (docs/results/draft-model/start/).
 
 After the first token (always drafted) the chain takes another step while its joint probability times ``EXPECT``
 (the next token's expected probability: the step that shows it costs a step) is at least
@@ -21,12 +21,14 @@ shares with them and feeds the rest in one pass (the anchor at least). It propos
 A sequence's chain starts late (``ModelChain.starts``): after ``START_ROUNDS`` rounds that committed fewer than
 ``START_TAU`` tokens each, its first proposal feeding the whole sequence. Fed at admission, the prompt had cost a
 third of the target's prefill on every request, and code, served by copies and the drafter, lost by it (validation
-1.557x -> 1.670x of ar with the late start, docs/results/draft-model/start/).
+code end to end: 1.557x ar with chains from the first round, 1.670x with the late start, 1.646x without chains;
+docs/results/draft-model/start/).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
@@ -56,6 +58,18 @@ def chain_vocabulary(vocab_size: int, also: torch.Tensor | None = None,
     return torch.unique(torch.cat(ids))
 
 
+_HEADS: "weakref.WeakKeyDictionary[Transformer, tuple[torch.Tensor, torch.nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+def chain_head(model: Transformer, vocab: torch.Tensor) -> torch.nn.Module:
+    """``model``'s head over the rows ``vocab`` (``draft_head``), kept for its next chains with the same rows: the
+    copy of 38,814 rows of the 0.5B took 50-70 ms, ~3% of a 128-token code request."""
+    kept = _HEADS.get(model)
+    if kept is None or not torch.equal(kept[0], vocab):
+        kept = _HEADS[model] = (vocab, draft_head(model, vocab))
+    return kept[1]
+
+
 def check_draft_model(model: Transformer, target: Transformer) -> None:
     """A draft model must speak the target's tokens: the same vocabulary rows, on the same device."""
     if model.cfg.vocab_size != target.cfg.vocab_size:
@@ -75,14 +89,25 @@ class ModelChain:
 
     def __init__(self, model: Transformer, rows: int, max_len: int, price, vocab: torch.Tensor | None = None,
                  longest: int = 15):
-        self.model, self.price, self.longest = model, price, longest
+        self.model, self.price, self.longest, self.rows, self.max_len = model, price, longest, rows, max_len
         self.vocab = None if vocab is None else vocab.to(model.device)
-        self.head = None if vocab is None else draft_head(model, self.vocab)
-        self.cache = model.new_cache(rows, max_len)
+        self._cache = self._head = None  # made at the first proposal: most code requests never start a chain
         self.cached: list[list[int]] = [[] for _ in range(rows)]  # the tokens each cache row holds
         self.started = [False] * rows  # whether the chain drafts for the sequence in each row
         self.step_seconds: float | None = None
         self.batch = 1  # the sequences of the round being drafted (``SpeculativeDecoder.draft`` sets it)
+
+    @property
+    def cache(self):
+        if self._cache is None:
+            self._cache = self.model.new_cache(self.rows, self.max_len)
+        return self._cache
+
+    @property
+    def head(self):
+        if self._head is None and self.vocab is not None:
+            self._head = chain_head(self.model, self.vocab)
+        return self._head
 
     def min_prob(self) -> float:
         """R * (c + b): the least joint probability a further draft must have to pay for its step and row."""
@@ -129,7 +154,7 @@ class ModelChain:
     def propose(self, seq, max_len: int) -> Draft | None:
         if self.batch > self.most_rows or max_len < 1 or not self.starts(seq):
             return None
-        room = self.cache.max_len - len(seq.tokens)
+        room = self.max_len - len(seq.tokens)
         if room < 1:
             return None
         n = self.shared(seq.row, seq.tokens)
