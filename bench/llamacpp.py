@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                          "data/qwen2.5-coder-chat-answers): adds the d3d-store engine, the defaults drafting from them")
     ap.add_argument("--draft-model", default=None, metavar="MODEL",
                     help="a smaller model of the target's tokenizer (a d3d checkpoint or a real model's name): "
-                         "adds the d3d-model engine, the defaults drafting with its greedy chains; 'none': the defaults "
-                         "without the target's default draft model (the 1.5B's: the 0.5B where d3d fetch kept it)")
+                         "adds the d3d-model engine, the defaults drafting with its greedy chains; 'none': the "
+                         "defaults without the target's default draft model (the 1.5B's: the 0.5B where fetched)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup", "llama-speculative-simple")}
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     store = d3d.load_datastore(args.datastore, target) if args.datastore and drafter is not None else None
     small = chains = None  # --draft-model's (the d3d-model engine), the defaults' (pick.default_draft_model)
     if drafter is not None:
-        chains = None if args.draft_model == "none" else default_draft_model(target, mode)
+        chains = None if args.draft_model == "none" or mode != "sync" else default_draft_model(target)
         small, chains = (load_small(name, args.weights) if name not in (None, "none") else None
                          for name in (args.draft_model, chains))
     engines = tuple(e for e in ENGINES if (e not in SPECULATIVE or drafter is not None)
@@ -183,9 +183,10 @@ def main(argv: list[str] | None = None) -> dict | None:
                                              args.lookup_drafts if engine == "llama-lookup" else 0,
                                              Path(args.llama_draft) if engine == "llama-spec" else None)
                 else:
+                    defaults = d3d.SpecConfig(mode, draft_model=chains)
                     spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0",
-                            "d3d-store": d3d.SpecConfig(mode, datastore=store, draft_model=chains),
-                            "d3d-model": d3d.SpecConfig(mode, draft_model=small)}.get(engine, d3d.SpecConfig(mode, draft_model=chains))
+                            "d3d-store": defaults.replace(datastore=store),
+                            "d3d-model": d3d.SpecConfig(mode, draft_model=small)}.get(engine, defaults)
                     out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
                                        stop_ids=stops)
                     runs[engine] = {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,

@@ -163,21 +163,21 @@ def add_draft_model_argument(p) -> None:
                         "real target names, where fetched (qwen2.5-coder-1.5b: qwen2.5-coder-0.5b); 'none': without")
 
 
-def load_draft_model(args, mode: str, model):
-    """``--draft-model``'s model, else the default one for ``model`` (``pick.default_draft_model``), loaded as the
-    target was (its dtype, device and weights), or None (``none``); sync only. Returns (it, a note for stderr)."""
+def load_draft_model(model, asked: str | None, sync: bool, **load):
+    """``--draft-model``'s model (``asked``: a directory or a real model's name; "none": without), else in sync the
+    default one for ``model`` (``pick.default_draft_model``), loaded with ``load`` (the target's dtype, device and
+    weights); or None. Sync only. Returns (it, a note for stderr)."""
     import d3d
     from d3d.draft.pick import default_draft_model
 
-    asked, note = args.draft_model, ""
-    if asked is None and (asked := default_draft_model(model, mode)):
+    note = ""
+    if asked is None and sync and (asked := default_draft_model(model)):
         note = f"draft model: {asked} (--draft-model none: without)"
     if not asked or asked == "none":
         return None, ""
-    if mode != "sync":
-        raise SystemExit(f"error: --draft-model drafts in sync rounds, not in mode {mode!r}: use --mode sync")
-    return d3d.load_model(target_dir(asked, "--draft-model"), dtype=args.dtype, device=getattr(args, "device", None),
-                          weights=args.weights), note
+    if not sync:
+        raise SystemExit("error: --draft-model drafts in sync rounds; this run decodes another mode: use --mode sync")
+    return d3d.load_model(target_dir(asked, "--draft-model"), **load), note
 
 
 def cmd_generate(args) -> int:
@@ -203,7 +203,8 @@ def cmd_generate(args) -> int:
         raise SystemExit(f"error: tokenizer {tok.source} produced id {max(ids)} >= model vocab_size {model.cfg.vocab_size}")
     stops = sorted(set(tok.stop_token_ids()) | set(model.cfg.eos_token_ids))
     printer = None if (args.json or args.explain) else StreamPrinter(tok)
-    small, small_note = load_draft_model(args, mode, model)
+    small, small_note = load_draft_model(model, args.draft_model, mode == "sync", dtype=args.dtype, device=args.device,
+                                         weights=args.weights)
     note = "; ".join(n for n in (note, small_note) if n)
     spec = SpecConfig(mode, datastore=d3d.load_datastore(args.datastore, model) if args.datastore else None,
                       draft_model=small, **knobs)
@@ -535,7 +536,8 @@ def cmd_serve(args) -> int:
     mode = decide_mode(asked, default=picked)  # ar still loads a drafter: a request may ask for sync or async
     if note:
         print(f"d3d serve: {note}", file=sys.stderr)
-    small, small_note = load_draft_model(args, mode, target)
+    small, small_note = load_draft_model(target, args.draft_model, mode == "sync", dtype=args.dtype,
+                                         weights=args.weights)
     if small_note:
         print(f"d3d serve: {small_note}", file=sys.stderr)
     spec = SpecConfig(mode, draft_model=small, **knobs)

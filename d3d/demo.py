@@ -14,8 +14,10 @@ from pathlib import Path
 
 from .assets import BUNDLED_TARGET, models_dir
 from .cpu.linear import matmul_path
+from .decode.config import SpecConfig
 from .decode.engines import generate
-from .draft.pick import decide_mode, pick_drafter
+from .draft.pick import decide_mode, default_draft_model, pick_drafter
+from .fetch import model_dir as real_model_dir
 from .model.checkpoint import load_model
 from .model.tokenizer import StreamPrinter, load_tokenizer
 
@@ -39,6 +41,10 @@ def run_demo(model: str | Path | None = None, drafter: str | Path | None = None,
     target = load_model(model_dir, weights=weights)
     tok = load_tokenizer(model_dir)
     mode, draft, note = pick_drafter(target, decide_mode(mode, target.device, "d3d"), drafter)  # a speculative mode
+    chains = default_draft_model(target) if mode == "sync" else None  # the 1.5B: the 0.5B's, as generate's defaults
+    if chains:
+        note += f"{'; ' if note else ''}draft model: {chains}"
+    spec = SpecConfig(mode, draft_model=load_model(real_model_dir(chains), weights=weights) if chains else None)
     log(f"loaded in {time.perf_counter() - start:.1f} s: {target.weights} weights, matmuls on "
         f"{matmul_path(target)}; mode {mode}" + (f"; {note}" if note else ""))
     prompt = prompt or (CHAT_PROMPT if chat else CODE_PROMPT)
@@ -47,12 +53,12 @@ def run_demo(model: str | Path | None = None, drafter: str | Path | None = None,
     common = dict(max_new_tokens=max_new_tokens, stop_ids=stops)
     log("warming up both modes (8 tokens each)")
     generate(target, ids, max_new_tokens=8, stop_ids=stops, spec="ar")
-    generate(target, ids, drafter=draft, max_new_tokens=8, stop_ids=stops, spec=mode)
+    generate(target, ids, drafter=draft, max_new_tokens=8, stop_ids=stops, spec=spec)
     log(f"decoding with ar (up to {max_new_tokens} tokens, not shown)")
     ar = generate(target, ids, spec="ar", **common)
     log(f"decoding with {mode}, streamed:")
     print(("" if chat else prompt), end="", file=out, flush=True)
-    fast = generate(target, ids, drafter=draft, stream=StreamPrinter(tok, out), spec=mode, **common)
+    fast = generate(target, ids, drafter=draft, stream=StreamPrinter(tok, out), spec=spec, **common)
     print(file=out)
     identical = fast.tokens == ar.tokens
     a, s = ar.stats, fast.stats

@@ -330,13 +330,13 @@ def test_generate_with_a_draft_model(capsys, tmp_path, monkeypatch):
     _, ar, _ = run_cli(base + ["--mode", "ar"], capsys)
     _, chained, _ = run_cli(base + ["--draft-model", target], capsys)
     assert chained == ar
-    with pytest.raises(SystemExit, match="--draft-model drafts in sync rounds, not in mode 'async'"):
+    with pytest.raises(SystemExit, match="--draft-model drafts in sync rounds; this run decodes another mode"):
         main(base + ["--draft-model", target, "--mode", "async"])
-    with pytest.raises(SystemExit, match="--draft-model drafts in sync rounds, not in mode 'async'"):
+    with pytest.raises(SystemExit, match="--draft-model drafts in sync rounds; this run decodes another mode"):
         main(["serve", "--draft-model", target, "--mode", "async", "--port", "0"])  # refused before it listens
     code, _, err = run_cli(base + ["--draft-model", str(tmp_path)], capsys)
     assert code != 0 and f"--draft-model {tmp_path}: no config.json there" in err
-    monkeypatch.setattr(pick, "default_draft_model", lambda model, mode: target if mode == "sync" else None)
+    monkeypatch.setattr(pick, "default_draft_model", lambda model: target)
     code, by_default, err = run_cli(base, capsys)  # a target whose catalogue entry names a draft model
     assert code == 0 and f"draft model: {target}" in err and re.search(r"[1-9]\d* drafted by the draft model", err)
     assert by_default == ar

@@ -141,10 +141,9 @@ def test_the_default_draft_model_is_the_fetched_sibling_the_catalogue_names(monk
     monkeypatch.setattr(fetch, "is_fetched", lambda name, root=None: name in fetched)
     for name, want in (("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"), ("qwen2.5-coder-0.5b", None), (None, None)):
         monkeypatch.setattr(fetch, "real_model_name", lambda path, name=name: name)
-        assert default_draft_model(tiny_target(seed=1), "sync") == want
-    assert default_draft_model(tiny_target(seed=1), "async") is None  # chains are a source of sync rounds
+        assert default_draft_model(tiny_target(seed=1)) == want
     fetched.clear()  # not fetched: none (nothing is downloaded for it)
-    assert default_draft_model(tiny_target(seed=1), "sync") is None
+    assert default_draft_model(tiny_target(seed=1)) is None
 
 
 def test_draft_model_errors_are_named():

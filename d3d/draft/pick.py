@@ -40,7 +40,7 @@ def decide_mode(asked: str | None, device: "torch.device | None" = None, kind: s
     return "dflash" if kind == "dflash" else default_mode(device)
 
 
-def default_draft_model(model, mode: str) -> str | None:
+def default_draft_model(model) -> str | None:
     """The draft model (``d3d.decode.draft_model``) sync decodes ``model`` with when none is named: the smaller real
     model its catalogue entry names (``d3d.fetch``), where fetched (the 1.5B's: the 0.5B, whose embeddings the
     drafter borrows anyway). Chosen on validation requests, three runs: prose ~4% faster on average (the last:
@@ -50,7 +50,7 @@ def default_draft_model(model, mode: str) -> str | None:
 
     name = real_model_name(getattr(model, "source", None))
     sibling = lookup(name).draft_model if name else None
-    return sibling if mode == "sync" and sibling and is_fetched(sibling) else None
+    return sibling if sibling and is_fetched(sibling) else None
 
 
 def drafter_kind(path: Path) -> str:
