@@ -308,7 +308,8 @@ def test_a_draft_models_chains_serve_sync_requests(monkeypatch):
         origins = [t["origin"] for e in events if e.get("d3d") for t in e["d3d"]["tokens"]]
         assert "model" in origins and "drafter" not in origins  # chains where no copy applies
         text = "".join(e["choices"][0]["text"] for e in events)
-        assert text == tok.decode(expected(target, tok, drafter, tok.encode("import os\n"), 24), skip_special_tokens=True)
+        want = expected(target, tok, drafter, tok.encode("import os\n"), 24)
+        assert text == tok.decode(want, skip_special_tokens=True)
         events = stream_events(srv, {"prompt": "import os\n", "max_tokens": 24, "stream": True, "d3d": True,
                                      "d3d_mode": "async"})
         assert "model" not in {t["origin"] for e in events if e.get("d3d") for t in e["d3d"]["tokens"]}

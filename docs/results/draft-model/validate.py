@@ -1,16 +1,20 @@
 """The 1.5B's defaults with and without the 0.5B's greedy chains as a draft source (``SpecConfig(draft_model=...)``),
-beside ar, on validation requests: decoded tokens per second (prefill excluded; the chain's own prompt pass, made
-at admission, is counted in decoding) over ar's, medians of per-request ratios, τ; every output must equal ar's.
-The runs of a request take turns, the order reversed every other request. Run from the repository root:
+beside ar, on validation requests: tokens per second over ar's, decoding alone (``median_over_ar``) and end to end
+(``median_e2e_over_ar``: the target's prefill counted), medians of per-request ratios, τ; every output must equal
+ar's. The runs of a request take turns, the order reversed every other request. Run from the repository root:
 
     python docs/results/draft-model/validate.py SETS OUT.json [RUN ...]
 
 SETS, comma-separated, as ``bench.common.request_sets`` names them (``code``, ``explain``, ``mtbench``,
-``mtbench-free``). RUN: ``ar``, ``now`` (the defaults), ``chain`` (the defaults with the 0.5B's chains), ``t=P``
-(the chains cut at a fixed joint probability P instead of the row price's R * (c + b)); default ar now chain.
+``mtbench-free``). RUN: ``ar``, ``now`` (the defaults without chains), ``chain`` (with the 0.5B's chains as the
+module's constants say), ``start@R/T`` (with chains that start after R rounds under T tokens a round,
+``START_ROUNDS`` / ``START_TAU``; ``start@0/99``: from the first round), ``t=P`` (chains cut at a fixed joint
+probability P instead of the row price's R * (c + b)); default ar now chain. (``validation.json`` is of stop 77's
+chains, fed the prompt at admission; ``start/validation_*.json`` of the late start.)
 """
 import statistics
 import sys
+import time
 
 import torch
 
@@ -27,16 +31,21 @@ target, small = d3d.load_model(big, weights="auto"), d3d.load_model(small_path, 
 tok = d3d.load_tokenizer(big)
 _, drafter, _ = pick_drafter(target, "sync", None)
 sets = request_sets(tok, big, wanted)
-rule = draft_model.ModelChain.min_prob
+rule, START = draft_model.ModelChain.min_prob, (draft_model.START_ROUNDS, draft_model.START_TAU)
 
 
 def run(engine: str, prompt):
     draft_model.ModelChain.min_prob = (lambda self: float(engine[2:])) if engine.startswith("t=") else rule
+    draft_model.START_ROUNDS, draft_model.START_TAU = START
+    if engine.startswith("start@"):
+        r, t = engine[6:].split("/")
+        draft_model.START_ROUNDS, draft_model.START_TAU = int(r), float(t)
     spec = {"ar": d3d.SpecConfig("ar"), "now": d3d.SpecConfig("sync")}.get(engine, d3d.SpecConfig("sync", draft_model=small))
+    t0 = time.perf_counter()
     out = d3d.generate(target, prompt, max_new_tokens=128, spec=spec, drafter=drafter, stop_ids=tok.stop_token_ids())
-    s = out.stats
-    return {"ids": out.tokens[0], "tok_s": s.total_generated / s.decode_seconds, "tau": s.tau,
-            "model_drafts": s.model_drafts, "rounds": s.rounds}
+    wall, s = time.perf_counter() - t0, out.stats
+    return {"ids": out.tokens[0], "tok_s": s.total_generated / s.decode_seconds, "e2e": s.total_generated / wall,
+            "tau": s.tau, "model_drafts": s.model_drafts, "rounds": s.rounds, "n": s.total_generated}
 
 
 d3d.generate(target, sets[wanted[0]][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up
@@ -48,10 +57,11 @@ for name, prompts in sets.items():
         if any(g["ids"] != got["ar"]["ids"] for g in got.values()):
             raise SystemExit(f"{name} {i}: a speculative output differs from ar's")
         rows.append({e: {k: v for k, v in g.items() if k != "ids"} for e, g in got.items()})
-        print(name, i, {e: (round(g["tok_s"], 1), round(g["tau"], 2)) for e, g in got.items()}, flush=True)
-    over = {e: statistics.median(r[e]["tok_s"] / r["ar"]["tok_s"] for r in rows) for e in runs}
+        print(name, i, got["ar"]["n"], {e: (round(g["e2e"], 1), round(g["tau"], 2)) for e, g in got.items()},
+              flush=True)
+    over, e2e = ({e: statistics.median(r[e][k] / r["ar"][k] for r in rows) for e in runs} for k in ("tok_s", "e2e"))
     tau = {e: statistics.mean(r[e]["tau"] for r in rows) for e in runs if e != "ar"}
-    results[name] = {"requests": rows, "median_over_ar": over, "mean_tau": tau}
-    print(name, "over ar (median):", {e: round(v, 3) for e, v in over.items()}, "τ:", {e: round(v, 2) for e, v in tau.items()},
-          flush=True)
+    results[name] = {"requests": rows, "median_over_ar": over, "median_e2e_over_ar": e2e, "mean_tau": tau}
+    print(name, "decode over ar:", {e: round(v, 3) for e, v in over.items()}, "e2e:",
+          {e: round(v, 3) for e, v in e2e.items()}, "τ:", {e: round(v, 2) for e, v in tau.items()}, flush=True)
 write_json(out_path, {"bench": "draft-model-validation", "machine": machine(), "runs": runs, "results": results})

@@ -20,4 +20,5 @@ for i, p in enumerate(prompts):
         t0 = time.perf_counter()
         out = d3d.generate(target, p, max_new_tokens=128, spec=spec, drafter=drafter, stop_ids=tok.stop_token_ids())
         s = out.stats
-        print(i, eng, f"{s.total_generated / (time.perf_counter() - t0):.1f} tok/s tau {s.tau:.2f} rounds {s.rounds} model_drafts {s.model_drafts}", flush=True)
+        tok_s = s.total_generated / (time.perf_counter() - t0)
+        print(i, eng, f"{tok_s:.1f} tok/s tau {s.tau:.2f} rounds {s.rounds} model_drafts {s.model_drafts}", flush=True)
