@@ -108,7 +108,7 @@ class Explainer:
         source = ("ready: a hypothesis of the previous round hit" if info.successor_used else
                   "looked up in the datastore" if info.stored else
                   "copied from the context" if info.copied else
-                  "a chain of --draft-model" if info.origin.value == "model" else
+                  "a chain of the draft model" if info.origin.value == "model" else
                   f"drafted synchronously in {info.sync_draft_seconds * 1000:.1f} ms")
         v0, v1 = info.verify_span
         leaf = f" + leaf {info.leaf}" if info.leaf is not None else ""

@@ -94,7 +94,7 @@ class DFlashDecoder(Decoder):
             self.emit(seq, new)
             if self.on_round:
                 self.on_round(RoundInfo(round=self.rnd, seq=seq.id, draft=drafts[j], accepted=accepted[j],
-                                        bonus=o.bonus, committed=new, successor_used=False, fallback=False,
+                                        bonus=o.bonus, committed=new, fallback=False,
                                         sync_draft_seconds=draft_seconds, verify_span=v_span, draft_span=None,
                                         confidence=0.0))
 

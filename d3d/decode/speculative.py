@@ -83,7 +83,6 @@ class RoundInfo:
     accepted: int
     bonus: int
     committed: list[int]
-    successor_used: bool  # async: this round's draft came from the previous round's hypotheses
     fallback: bool  # async: hypotheses were drafted this round and none matched the outcome
     sync_draft_seconds: float
     verify_span: tuple[float, float]  # (start, end) seconds since generation start
@@ -92,10 +91,20 @@ class RoundInfo:
     hypotheses: list[Hypothesis] = field(default_factory=list)  # async: the likeliest outcomes (drafted if draft_span)
     hit: int | None = None  # async: index of the hypothesis that matched the outcome
     leaf: int | None = None  # leaves: index of the verified leaf accepted as the last of ``accepted`` drafts
-    copied: bool = False  # lookup: this round's draft was copied from the context (d3d.decode.lookup) or the datastore
-    stored: bool = False  # datastore: this round's draft was looked up in the datastore (d3d.decode.datastore)
     min_prob: float = 0.0  # the verify_min_prob this round's drafts were cut at (measured with "auto")
     origin: Origin = Origin.DRAFTER  # where this round's draft came from
+
+    @property
+    def successor_used(self) -> bool:  # async: this round's draft came from the previous round's hypotheses
+        return self.origin is Origin.HYPOTHESIS
+
+    @property
+    def copied(self) -> bool:  # copied from the context (d3d.decode.lookup) or the datastore
+        return self.origin in (Origin.LOOKUP, Origin.DATASTORE)
+
+    @property
+    def stored(self) -> bool:  # looked up in the datastore (d3d.decode.datastore)
+        return self.origin is Origin.DATASTORE
 
 
 @dataclass
@@ -478,11 +487,10 @@ def round_info(r: Round, j: int, origin: Origin, o: Outcome, new: list[int], min
     """What ``on_round`` (``--explain``) sees of sequence j in round ``r`` (its draft came from ``origin``)."""
     d = r.drafts[j]
     return RoundInfo(round=r.number, seq=r.seqs[j].id, draft=list(d.tokens), accepted=len(o.accepted), bonus=o.bonus,
-                     committed=new, successor_used=origin is Origin.HYPOTHESIS, fallback=bool(mine) and hit is None,
+                     committed=new, fallback=bool(mine) and hit is None,
                      sync_draft_seconds=r.draft_seconds if origin is Origin.DRAFTER else 0.0, verify_span=r.v_span,
                      draft_span=r.d_span if mine else None, confidence=d.certainty, hypotheses=r.hyps[j], hit=hit,
-                     leaf=o.leaf, copied=origin in (Origin.LOOKUP, Origin.DATASTORE),
-                     stored=origin is Origin.DATASTORE, min_prob=r.min_prob, origin=origin)
+                     leaf=o.leaf, min_prob=r.min_prob, origin=origin)
 
 
 __all__ = ["DRAFT_WINDOW", "SpeculativeDecoder", "RoundInfo", "Round", "Verifier", "Drafting", "Draft", "Outcome", "host_drafts",
