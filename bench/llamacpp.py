@@ -104,7 +104,7 @@ def llama_run(binary: Path, gguf: Path, prompt: str, new_tokens: int, threads: i
     return {"tokens": int(ev.group(2)) + 1, "seconds": seconds, "text": p.stdout}  # +1: the prompt pass's token
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench llamacpp", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True,
@@ -130,13 +130,22 @@ def main(argv: list[str] | None = None) -> dict | None:
                          "adds the d3d-model engine, the defaults drafting with its greedy chains; 'none': the "
                          "defaults without the target's default draft model (the 1.5B's: the 0.5B where fetched)")
     ap.add_argument("--out", default=None, help="write the JSON here")
-    args = ap.parse_args(argv)
-    bins = {n: Path(args.llama_bin or "") / n for n in ("llama-completion", "llama-lookup", "llama-speculative-simple")}
-    if not args.llama_bin or not all(b.is_file() for b in bins.values()):
-        where = f"--llama-bin {args.llama_bin}: no {' or '.join(n for n, b in bins.items() if not b.is_file())}" \
-            if args.llama_bin else "no --llama-bin given"
-        print(f"bench llamacpp: skipped ({where}); build llama.cpp as README 'Quantized weights' says", file=sys.stderr)
-        return None
+    return ap
+
+
+def llama_binaries(llama_bin: str | None) -> dict[str, Path] | None:
+    """llama.cpp's three binaries in ``llama_bin``, or None (said on stderr) where any is missing."""
+    bins = {n: Path(llama_bin or "") / n for n in ("llama-completion", "llama-lookup", "llama-speculative-simple")}
+    if llama_bin and all(b.is_file() for b in bins.values()):
+        return bins
+    where = f"--llama-bin {llama_bin}: no {' or '.join(n for n, b in bins.items() if not b.is_file())}" \
+        if llama_bin else "no --llama-bin given"
+    print(f"bench llamacpp: skipped ({where}); build llama.cpp as README 'Quantized weights' says", file=sys.stderr)
+    return None
+
+
+def resolve_files(args, ap: argparse.ArgumentParser) -> None:
+    """A real model's name as its checkpoint, its GGUF and (the 1.5B's) the draft model's GGUF; each checked."""
     if args.gguf is None and is_real_model(args.target):
         args.gguf = str(gguf_path(args.target))
     sibling = real_model(args.target).draft_model if is_real_model(args.target) else None  # the 1.5B's: the 0.5B
@@ -146,8 +155,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     for name in ("target", "gguf"):
         if not getattr(args, name) or not Path(getattr(args, name)).exists():
             ap.error(f"--{name} {getattr(args, name)}: no such file or directory")
-    torch.set_num_threads(args.threads)
-    tok = d3d.load_tokenizer(args.target)
+
+
+def d3d_side(args) -> dict:
+    """The target, its tokenizer, mode and drafter, the datastore, the draft models (``--draft-model``'s, the
+    defaults'), and the engines that can run."""
     target = d3d.load_model(args.target, weights=args.weights)
     mode, drafter, note = pick_drafter(target, None, args.drafter)
     store = d3d.load_datastore(args.datastore, target) if args.datastore and drafter is not None else None
@@ -161,6 +173,64 @@ def main(argv: list[str] | None = None) -> dict | None:
                     and (e != "d3d-model" or small is not None))
     if note:
         print(f"bench llamacpp: {note}" + ("" if drafter else "; the d3d engine is left out"), file=sys.stderr)
+    return {"target": target, "tok": d3d.load_tokenizer(args.target), "mode": mode, "drafter": drafter,
+            "store": store, "small": small, "chains": chains, "engines": engines}
+
+
+def d3d_run(side: dict, engine: str, ids: list[int], new_tokens: int, stops: list[int]) -> dict:
+    """One d3d generation by ``engine``: {"tokens", "rounds", "tau", "seconds" (prefill + decoding), "ids", "text"}."""
+    mode = side["mode"]
+    defaults = d3d.SpecConfig(mode, draft_model=side["chains"])
+    spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0", "d3d-store": defaults.replace(datastore=side["store"]),
+            "d3d-model": d3d.SpecConfig(mode, draft_model=side["small"])}.get(engine, defaults)
+    out = d3d.generate(side["target"], ids, max_new_tokens=new_tokens, spec=spec, drafter=side["drafter"],
+                       stop_ids=stops)
+    return {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,
+            "seconds": out.stats.prefill_seconds + out.stats.decode_seconds, "ids": out.tokens[0],
+            "text": side["tok"].decode(out.tokens[0], skip_special_tokens=True)}
+
+
+def request(args, bins: dict, side: dict, ids: list[int], order: tuple, stops: list[int]) -> dict:
+    """One request answered by every engine of ``order`` in turn: engine -> its run."""
+    text, runs = side["tok"].decode(ids), {}
+    for engine in order:
+        if engine.startswith("llama"):
+            binary = {"llama-ar": "llama-completion", "llama-spec": "llama-speculative-simple"}.get(engine, engine)
+            runs[engine] = llama_run(bins[binary], Path(args.gguf), text, args.new_tokens, args.threads,
+                                     args.lookup_drafts if engine == "llama-lookup" else 0,
+                                     Path(args.llama_draft) if engine == "llama-spec" else None)
+        else:
+            runs[engine] = d3d_run(side, engine, ids, args.new_tokens, stops)
+    return runs
+
+
+def report(payload: dict, engines: tuple) -> None:
+    """The run's tables on stdout: tok/s over llama-ar, τ, per-request ratios over d3d-ar, equality."""
+    summary = payload["median_tok_s"]
+    cell = "{:.1f} ({:.2f}x)".format
+    print(markdown_table(["set"] + [f"{e} tok/s (x llama-ar)" for e in engines],
+                         [[s] + [cell(summary[s][e], summary[s][e] / summary[s]["llama-ar"]) for e in engines]
+                          for s in summary]))
+    print("τ (tokens a round): " + "; ".join(f"{s} " + ", ".join(f"{e} {t:.2f}" for e, t in r.items())
+                                         for s, r in payload["tau"].items()))
+    print("over d3d-ar, per request (median, worst): " + "; ".join(
+        f"{s} " + ", ".join(f"{e} {v['median']:.3f} / {v['worst']:.3f}" for e, v in r.items())
+        for s, r in payload["vs_d3d_ar"].items()))
+    print(f"d3d speculative == d3d ar on {payload['speculative_equal_to_ar']}; d3d ar streams "
+          f"{payload['d3d_ar_weight_gb_s']:.1f} GB/s of weights "
+          f"(copy bandwidth {payload['copy_bandwidth_gb_s']:.1f} GB/s)")
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    ap = parser()
+    args = ap.parse_args(argv)
+    bins = llama_binaries(args.llama_bin)
+    if bins is None:
+        return None
+    resolve_files(args, ap)
+    torch.set_num_threads(args.threads)
+    side = d3d_side(args)
+    target, tok, engines = side["target"], side["tok"], side["engines"]
     weight_bytes = sum(m.weight.nbytes for n, m in target.named_modules()
                        if hasattr(m, "weight") and n != "embed_tokens" and hasattr(m.weight, "nbytes"))
     stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
@@ -173,25 +243,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     rounds = {s: {e: [0.0, 0] for e in engines if e in SPECULATIVE} for s in sets}  # tokens, rounds
     for name, prompts in sets.items():
         for i, ids in enumerate(prompts):
-            text = tok.decode(ids)
-            runs = {}
-            order = engines if i % 2 == 0 else engines[::-1]
-            for engine in order:
-                if engine.startswith("llama"):
-                    binary = {"llama-ar": "llama-completion", "llama-spec": "llama-speculative-simple"}.get(engine, engine)
-                    runs[engine] = llama_run(bins[binary], Path(args.gguf), text, args.new_tokens, args.threads,
-                                             args.lookup_drafts if engine == "llama-lookup" else 0,
-                                             Path(args.llama_draft) if engine == "llama-spec" else None)
-                else:
-                    defaults = d3d.SpecConfig(mode, draft_model=chains)
-                    spec = {"d3d-ar": "ar", "d3d-alone": f"{mode},lookup=0",
-                            "d3d-store": defaults.replace(datastore=store),
-                            "d3d-model": d3d.SpecConfig(mode, draft_model=small)}.get(engine, defaults)
-                    out = d3d.generate(target, ids, max_new_tokens=args.new_tokens, spec=spec, drafter=drafter,
-                                       stop_ids=stops)
-                    runs[engine] = {"tokens": len(out.tokens[0]), "rounds": out.stats.rounds, "tau": out.stats.tau,
-                                    "seconds": out.stats.prefill_seconds + out.stats.decode_seconds,
-                                    "ids": out.tokens[0], "text": tok.decode(out.tokens[0], skip_special_tokens=True)}
+            runs = request(args, bins, side, ids, engines if i % 2 == 0 else engines[::-1], stops)
             equal += all(runs[e]["ids"] == runs["d3d-ar"]["ids"] for e in SPECULATIVE if e in runs)
             same_text[name] += runs["llama-ar"]["text"].strip()[:200] == runs["d3d-ar"]["text"].strip()[:200]
             for engine, r in runs.items():
@@ -206,25 +258,15 @@ def main(argv: list[str] | None = None) -> dict | None:
         raise SystemExit(f"d3d's speculative output differed from d3d-ar on {n - equal} of {n} requests")
     summary = {s: {e: statistics.median(v) for e, v in r.items()} for s, r in results.items()}
     ar_tok_s = statistics.median([v for s in results for v in results[s]["d3d-ar"]])
-    bandwidth = copy_bandwidth_gbs()
     payload = {"bench": "llamacpp", "machine": machine(), "config": {**vars(args), "gguf": str(args.gguf)},
                "d3d_weights": target.weights, "weights_reason": target.weights_choice.reason,
-               "weight_gb_per_token": weight_bytes / 1e9, "copy_bandwidth_gb_s": bandwidth,
+               "weight_gb_per_token": weight_bytes / 1e9, "copy_bandwidth_gb_s": copy_bandwidth_gbs(),
                "d3d_ar_weight_gb_s": weight_bytes / 1e9 * ar_tok_s, "speculative_equal_to_ar": f"{equal}/{n}",
                "llama_text_equal_to_d3d_ar": {s: f"{v}/{len(sets[s])}" for s, v in same_text.items()},
                "tok_s": results, "median_tok_s": summary,
                "tau": {s: {e: t / max(1, k) for e, (t, k) in r.items()} for s, r in rounds.items()},
                "vs_llama_ar": {s: {e: v / summary[s]["llama-ar"] for e, v in r.items()} for s, r in summary.items()},
                "vs_d3d_ar": over_d3d_ar(results)}
-    print(markdown_table(["set"] + [f"{e} tok/s (x llama-ar)" for e in engines],
-                         [[s] + [f"{summary[s][e]:.1f} ({summary[s][e] / summary[s]['llama-ar']:.2f}x)" for e in engines]
-                          for s in summary]))
-    print("τ (tokens a round): " + "; ".join(f"{s} " + ", ".join(f"{e} {t:.2f}" for e, t in r.items())
-                                         for s, r in payload["tau"].items()))
-    print("over d3d-ar, per request (median, worst): " + "; ".join(
-        f"{s} " + ", ".join(f"{e} {v['median']:.3f} / {v['worst']:.3f}" for e, v in r.items())
-        for s, r in payload["vs_d3d_ar"].items()))
-    print(f"d3d speculative == d3d ar on {equal}/{n}; d3d ar streams {payload['d3d_ar_weight_gb_s']:.1f} GB/s of "
-          f"weights (copy bandwidth {bandwidth:.1f} GB/s)")
+    report(payload, engines)
     write_json(args.out, payload)
     return payload

@@ -285,6 +285,7 @@ def test_doctor_and_build_kernels(capsys):
 def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_path):
     """A load that takes longer than NOTICE_AFTER_S is a compile: one line when it starts, one when it ends."""
     import os
+    import threading
     import time
 
     import torch.utils.cpp_extension as ext
@@ -310,6 +311,14 @@ def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_pa
     lock.write_text("")
     os.utime(lock, (time.time() - 2 * cpp.STALE_LOCK_S,) * 2)
     monkeypatch.setattr(ext, "load", lambda **kw: "module")
+    assert cpp.build("d3d_test_fast", source, []) == ("module", None)
+    assert not lock.exists() and "left" in capsys.readouterr().err
+    lock.write_text("")  # a young lock: another process builds; its end is waited for, and said
+    threading.Timer(0.3, lock.unlink).start()
+    assert cpp.build("d3d_test_fast", source, []) == ("module", None)
+    assert "waiting for another process's build" in capsys.readouterr().err
+    lock.write_text("")  # a young lock that grows stale while waited on (its build was killed)
+    monkeypatch.setattr(cpp, "STALE_LOCK_S", 0.5)
     assert cpp.build("d3d_test_fast", source, []) == ("module", None)
     assert not lock.exists() and "left" in capsys.readouterr().err
 

@@ -75,6 +75,26 @@ def test_the_chain_is_the_small_models_greedy_run_whatever_its_cache_held(vocab)
     assert chain.cache.lengths[0] == 0  # the other row untouched
 
 
+@pytest.mark.parametrize("vocab", [None, "half"])
+def test_each_drafts_runners_up_are_the_small_models_next_likeliest_tokens(vocab):
+    """What leaves are made of: per position the ``top`` likeliest tokens (the draft first) and their softmax
+    probabilities over the chain's ids, from the loop oracle's pass over the whole sequence."""
+    small = tiny_target(seed=5)
+    ids = None if vocab is None else torch.arange(0, small.cfg.vocab_size, 2)
+    chain = ModelChain(small, rows=1, max_len=64, price=RowPrice(), vocab=ids, longest=4, top=3)
+    chain.min_prob = lambda: 0.0
+    tokens = [3, 7, 1]
+    d = chain.propose(seq_at(tokens), max_len=15)
+    assert len(d.top_ids) == len(d.top_probs) == len(d.tokens) == 4
+    for k, (top, probs) in enumerate(zip(d.top_ids, d.top_probs)):
+        logits = small(torch.tensor([tokens + d.tokens[:k]]))[0, -1].double()
+        p = torch.softmax(logits if ids is None else logits[ids], -1)
+        want_p, want = p.topk(3)
+        assert top[0] == d.tokens[k] and probs[0] == d.confidence[k]
+        assert top == (want if ids is None else ids[want]).tolist()
+        assert probs == pytest.approx(want_p.tolist(), rel=1e-4)
+
+
 def test_the_chain_stops_where_its_joint_probability_falls_below_the_cut():
     small = tiny_target(seed=5)
     chain = ModelChain(small, rows=1, max_len=64, price=RowPrice(), longest=15)
@@ -120,6 +140,27 @@ def test_greedy_with_a_draft_model_equals_ar(same, from_the_first_round):
     batch = generate(target, PROMPTS, max_new_tokens=40, stop_ids=[], drafter=drafter,
                      spec=SpecConfig(mode="sync", lookup=0, draft_model=small))
     assert batch.tokens == ref and batch.stats.model_drafts == 0  # a batch: the drafter drafts
+
+
+def test_the_chains_runners_up_are_verified_as_leaves_and_hit(from_the_first_round):
+    """With the spec's ``leaves`` a chain's runners-up go to verification as the drafter's do, some hit, and the
+    output stays ar's; without, none is verified."""
+    target = tiny_target(seed=21)
+    drafter = random_drafter(target, 5, seed=22)
+    small = tiny_target(seed=23)
+    ref = reference(target, PROMPTS, 40)
+
+    def run(leaves):
+        outs = [generate(target, p, max_new_tokens=40, stop_ids=[], drafter=drafter,
+                         spec=SpecConfig(mode="sync", lookup=0, draft_model=small, verify_min_prob=0.0, leaves=leaves))
+                for p in PROMPTS]
+        assert [o.tokens[0] for o in outs] == ref
+        assert all(o.stats.model_drafts == o.stats.rounds for o in outs)  # every round the chain's
+        return sum(o.stats.verified_leaves for o in outs), sum(o.stats.leaf_hits for o in outs)
+
+    verified, hits = run(2)
+    assert verified > 0 and hits > 0
+    assert run(0) == (0, 0)
 
 
 def test_sampling_with_a_draft_model_follows_the_target_distribution(monkeypatch, from_the_first_round):

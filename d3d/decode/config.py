@@ -173,8 +173,9 @@ HELP = {
     "draft_size": "sync/async: tokens the drafter drafts in a synchronous pass (its block: the anchor and this "
                   "many masks; at most block_size - 1, which copied drafts still reach). Where rows cost time a "
                   "shorter block costs the drafter less and the cut verifies few drafts anyway",
-    "leaves": "sync/async: verify also the L likeliest bonus tokens the drafter proposed, one target row each: a "
-              "round whose bonus is one of them commits one more token (lossless; not with exact)",
+    "leaves": "sync/async: verify also the L likeliest bonus tokens the draft proposed (the drafter's, a datastore's "
+              "or a draft model's runners-up), one target row each: a round whose bonus is one of them commits one "
+              "more token (lossless; not with exact unless every row is attended alone)",
     "verify_min_prob": "sync/async: verify only the leading drafts the drafter believes in jointly with probability "
                        ">= P (0 = all; lossless): fewer rows where each costs time. auto: P measured as it runs, "
                        "tokens per second x the seconds one more row costs (d3d/decode/row_price.py)",

@@ -18,6 +18,10 @@ added. The cache follows the sequence's committed tokens by content: a proposal 
 shares with them and feeds the rest in one pass (the anchor at least). It proposes for one sequence a round only
 (``most_rows``): in a batch its steps would run a sequence at a time.
 
+Its drafts carry each step's runners-up (``top``), so the spec's ``leaves`` verify them as they do the drafter's.
+Not by default on the real targets (int8 activations: no leaves): chains with one or two leaves measured even on
+validation prose, τ +3-7% and each round as much dearer (docs/results/draft-model/leaves/).
+
 A sequence's chain starts late (``ModelChain.starts``): after ``START_ROUNDS`` rounds that committed fewer than
 ``START_TAU`` tokens each, its first proposal feeding the whole sequence. Fed at admission, the prompt had cost a
 third of the target's prefill on every request, and code, served by copies and the drafter, lost by it (validation
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from math import prod
 
 import torch
 
@@ -88,8 +93,9 @@ class ModelChain:
     most_rows = 1  # the most sequences a round may hold for the chain to propose (its steps run one at a time)
 
     def __init__(self, model: Transformer, rows: int, max_len: int, price, vocab: torch.Tensor | None = None,
-                 longest: int = 15):
+                 longest: int = 15, top: int = 1):
         self.model, self.price, self.longest, self.rows, self.max_len = model, price, longest, rows, max_len
+        self.top = top  # likeliest tokens kept a position: the draft and the runners-up the spec's leaves come from
         self.vocab = None if vocab is None else vocab.to(model.device)
         self._cache = self._head = None  # made at the first proposal: most code requests never start a chain
         self.cached: list[list[int]] = [[] for _ in range(rows)]  # the tokens each cache row holds
@@ -115,13 +121,13 @@ class ModelChain:
             return PRIOR_MIN_PROB
         return self.price.rate() * (self.step_seconds + (self.price.seconds_per_row() or 0.0))
 
-    def feed(self, rows: list[int], runs: list[list[int]]) -> list[tuple[int, float]]:
-        """Append each of ``runs`` to its cache row (one pass); each row's greedy next token and its probability."""
+    def feed(self, rows: list[int], runs: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        """Append each of ``runs`` to its cache row (one pass); each row's ``top`` likeliest next tokens (the greedy
+        one first) and their probabilities."""
         layout = self.cache.layout([len(r) for r in runs], rows)
         ids = torch.tensor([t for r in runs for t in r], device=self.model.device)
         logits = self.model(ids, layout, self.cache, logits_index=layout.last_token_index(), head=self.head).float()
-        top, best = logits.max(-1)
-        p = 1.0 / torch.exp(logits - top[:, None]).sum(-1)
+        p, best = torch.softmax(logits, -1).topk(min(self.top, logits.shape[-1]), -1)
         if self.vocab is not None:
             best = self.vocab[best]
         for row, run in zip(rows, runs):
@@ -158,19 +164,18 @@ class ModelChain:
         if room < 1:
             return None
         n = self.shared(seq.row, seq.tokens)
-        (token, p), = self.feed([seq.row], [seq.tokens[n:]])
-        tokens, confidence, joint, cut = [token], [p], p, self.min_prob()
+        top_ids, top_probs = map(list, zip(*self.feed([seq.row], [seq.tokens[n:]])))
+        cut = self.min_prob()
         # another step while the chain, times the next token's expected probability, beats the cut
-        while len(tokens) < min(max_len, room, self.longest) and joint * EXPECT >= cut:
+        while len(top_ids) < min(max_len, room, self.longest) and prod(p[0] for p in top_probs) * EXPECT >= cut:
             t0 = time.perf_counter()
-            (token, p), = self.feed([seq.row], [[token]])
+            (ids, probs), = self.feed([seq.row], [[top_ids[-1][0]]])
             dt = time.perf_counter() - t0
             last = self.step_seconds
             self.step_seconds = dt if last is None else last + STEP_DECAY * (dt - last)
-            joint *= p
-            tokens.append(token)
-            confidence.append(p)
-        return Draft(tokens, confidence, [], [])
+            top_ids.append(ids)
+            top_probs.append(probs)
+        return Draft([i[0] for i in top_ids], [p[0] for p in top_probs], top_ids, top_probs)
 
 
 __all__ = ["ModelChain", "chain_vocabulary", "check_draft_model"]

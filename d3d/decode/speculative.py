@@ -354,7 +354,7 @@ class SpeculativeDecoder(Decoder):
             vocab = chain_vocabulary(target.cfg.vocab_size, getattr(drafter, "vocab_map", None),
                                      min(target.cfg.eos_token_ids, default=None))
             self.chain = ModelChain(spec.draft_model, rows, max_len + B + 1, self.price, vocab,
-                                    spec.draft_size or B - 1)
+                                    spec.draft_size or B - 1, top=spec.leaves + 1)
         self.side = Drafting(drafter, dcache, self.stats, B, use_hyps, K, spec.fanout, spec.leaves, spec.draft_size,
                              draft_sources(spec.lookup, spec.datastore, self.chain))
 

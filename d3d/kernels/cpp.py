@@ -42,7 +42,7 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
         from torch.utils.cpp_extension import _get_build_directory, load
 
         where = Path(_get_build_directory(name, verbose=False))
-        clear_stale_lock(where / "lock")
+        wait_for_lock(where / "lock")
         # a cached build loads in well under a second; past 2 s it is compiling (first use, or a
         # changed source or flag): say so then, so that no first run sits in silence
         said = threading.Event()
@@ -70,13 +70,23 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
     return module, None
 
 
-def clear_stale_lock(lock: Path) -> None:
-    """torch's builder waits, silently and forever, while its lock file exists; a build that was
-    killed (Ctrl-C during a first run) leaves one behind. One older than ``STALE_LOCK_S`` is removed."""
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_LOCK_S:
-        print(f"d3d: removing {lock}, left {age:.0f} s ago by a build that did not finish", file=sys.stderr, flush=True)
-        lock.unlink(missing_ok=True)
+def wait_for_lock(lock: Path, poll_s: float = 1.0) -> None:
+    """torch's builder waits, silently and forever, while its lock file exists. Wait here instead while another
+    process builds, saying so once, and remove a lock older than ``STALE_LOCK_S``: a build that was killed (Ctrl-C
+    during a first run, a test's timeout) leaves one behind, and a lock only minutes old had hung the next run."""
+    said = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > STALE_LOCK_S:
+            print(f"d3d: removing {lock}, left {age:.0f} s ago by a build that did not finish", file=sys.stderr,
+                  flush=True)
+            lock.unlink(missing_ok=True)
+            return
+        if not said:
+            print(f"d3d: waiting for another process's build ({lock} is {age:.0f} s old; taken as left by a killed "
+                  f"build at {STALE_LOCK_S:.0f} s)", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(poll_s)

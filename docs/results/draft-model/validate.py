@@ -9,7 +9,8 @@ SETS, comma-separated, as ``bench.common.request_sets`` names them (``code``, ``
 ``mtbench-free``). RUN: ``ar``, ``now`` (the defaults without chains), ``chain`` (with the 0.5B's chains as the
 module's constants say), ``start@R/T`` (with chains that start after R rounds under T tokens a round,
 ``START_ROUNDS`` / ``START_TAU``; ``start@0/99``: from the first round), ``t=P`` (chains cut at a fixed joint
-probability P instead of the row price's R * (c + b)); default ar now chain. (``validation.json`` is of stop 77's
+probability P instead of the row price's R * (c + b)), ``leaves=N`` (chains and the spec's ``leaves=N``: the
+chains' runners-up, and the drafter's, verified as leaves); default ar now chain. (``validation.json`` is of stop 77's
 chains, fed the prompt at admission; ``start/validation_*.json`` of the late start.)
 """
 import statistics
@@ -40,12 +41,15 @@ def run(engine: str, prompt):
     if engine.startswith("start@"):
         r, t = engine[6:].split("/")
         draft_model.START_ROUNDS, draft_model.START_TAU = int(r), float(t)
-    spec = {"ar": d3d.SpecConfig("ar"), "now": d3d.SpecConfig("sync")}.get(engine, d3d.SpecConfig("sync", draft_model=small))
+    leaves = int(engine[7:]) if engine.startswith("leaves=") else None
+    spec = {"ar": d3d.SpecConfig("ar"), "now": d3d.SpecConfig("sync")}.get(
+        engine, d3d.SpecConfig("sync", draft_model=small, leaves=leaves))
     t0 = time.perf_counter()
     out = d3d.generate(target, prompt, max_new_tokens=128, spec=spec, drafter=drafter, stop_ids=tok.stop_token_ids())
     wall, s = time.perf_counter() - t0, out.stats
     return {"ids": out.tokens[0], "tok_s": s.total_generated / s.decode_seconds, "e2e": s.total_generated / wall,
-            "tau": s.tau, "model_drafts": s.model_drafts, "rounds": s.rounds, "n": s.total_generated}
+            "tau": s.tau, "model_drafts": s.model_drafts, "rounds": s.rounds, "n": s.total_generated,
+            "leaf_hits": s.leaf_hits}
 
 
 d3d.generate(target, sets[wanted[0]][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up
