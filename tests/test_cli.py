@@ -323,6 +323,29 @@ def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_pa
     assert not lock.exists() and "left" in capsys.readouterr().err
 
 
+def test_a_kernel_builds_from_one_staged_copy_of_its_files(tmp_path):
+    """Two checkouts of the same kernel stage it at one path, rewriting nothing: ninja finds nothing to rebuild.
+    A changed file is rewritten, the others left as they were."""
+    import os
+
+    from d3d.kernels import cpp
+
+    for tree, text in (("a", "int x;"), ("b", "int x;")):
+        (tmp_path / tree).mkdir()
+        (tmp_path / tree / "k.cpp").write_text("#include \"k.h\"\n")
+        (tmp_path / tree / "k.h").write_text(text)
+    into = tmp_path / "build" / "src"
+    staged = cpp.stage(tmp_path / "a" / "k.cpp", into)
+    assert staged == into / "k.cpp" and (into / "k.h").read_text() == "int x;"
+    os.utime(into / "k.cpp", (1, 1))
+    os.utime(into / "k.h", (1, 1))
+    cpp.stage(tmp_path / "b" / "k.cpp", into)  # the same bytes from another checkout
+    assert (into / "k.cpp").stat().st_mtime == 1 and (into / "k.h").stat().st_mtime == 1
+    (tmp_path / "b" / "k.h").write_text("int y;")
+    cpp.stage(tmp_path / "b" / "k.cpp", into)
+    assert (into / "k.h").read_text() == "int y;" and (into / "k.cpp").stat().st_mtime == 1
+
+
 @pytest.mark.skipif(not HAS_DRAFTER, reason="bundled drafter not trained yet")
 def test_generate_with_a_draft_model(capsys, tmp_path, monkeypatch):
     """--draft-model: the summary counts the rounds it drafted, the output is ar's; named errors for another mode

@@ -2,7 +2,8 @@
 
 Triton has no CPU backend outside the interpreter, so the CPU matmuls of decoding are small C++
 files compiled by ``torch.utils.cpp_extension`` with the system compiler the first time they are
-needed (tens of seconds a kernel; cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+needed (tens of seconds a kernel; cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``,
+from a copy of the sources there, ``stage``, so that checkouts of the same code share the builds).
 A build says so on stderr when it starts and when it ends, so that a first run does not sit in
 silence; ``python -m d3d build-kernels`` builds them ahead of time. Where the CPU lacks
 the instructions or the build fails, ``build`` returns why, and the caller keeps a torch path.
@@ -16,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..files import atomic
 from ..hardware import cpu_flags
 
 AVX2_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
@@ -43,6 +45,7 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
 
         where = Path(_get_build_directory(name, verbose=False))
         wait_for_lock(where / "lock")
+        staged = stage(source, where / "src")
         # a cached build loads in well under a second; past 2 s it is compiling (first use, or a
         # changed source or flag): say so then, so that no first run sits in silence
         said = threading.Event()
@@ -58,7 +61,7 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
         try:
             # torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag
             headers = hashlib.sha1(b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))).hexdigest()[:12]
-            module = load(name=name, sources=[str(source)], verbose=False,
+            module = load(name=name, sources=[str(staged)], verbose=False,
                           extra_cflags=cflags + [f"-DD3D_HEADERS={headers}"], extra_ldflags=["-fopenmp"])
         finally:
             timer.cancel()
@@ -68,6 +71,19 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
     except Exception as e:  # no compiler, no ninja, a failed build: the torch path stays
         return None, f"building {source.name} failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]})"
     return module, None
+
+
+def stage(source: Path, into: Path) -> Path:
+    """``source`` and the headers beside it, copied into ``into`` where their bytes differ (rewritten only then); the
+    copy of ``source``. torch's ninja file names a source by its path, so two checkouts of the same code (a work tree
+    and a CI clone) had each rebuilt every kernel after the other (~4 min a switch); built from one path whose files
+    are unchanged, ninja finds nothing to do."""
+    for f in [source, *sorted(source.parent.glob("*.h"))]:
+        data, dest = f.read_bytes(), into / f.name
+        if not dest.is_file() or dest.read_bytes() != data:
+            with atomic(dest) as tmp:
+                tmp.write_bytes(data)
+    return into / source.name
 
 
 def wait_for_lock(lock: Path, poll_s: float = 1.0) -> None:
