@@ -3,7 +3,8 @@
 Triton has no CPU backend outside the interpreter, so the CPU matmuls of decoding are small C++
 files compiled by ``torch.utils.cpp_extension`` with the system compiler the first time they are
 needed (tens of seconds a kernel; cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``,
-from a copy of the sources there, ``stage``, so that checkouts of the same code share the builds).
+from a copy of the sources there, ``stage``, so that checkouts of the same code run with one Python environment
+share the builds; another environment's include paths still make ninja rebuild).
 A build says so on stderr when it starts and when it ends, so that a first run does not sit in
 silence; ``python -m d3d build-kernels`` builds them ahead of time. Where the CPU lacks
 the instructions or the build fails, ``build`` returns why, and the caller keeps a torch path.
@@ -75,8 +76,8 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
 
 def stage(source: Path, into: Path) -> Path:
     """``source`` and the headers beside it, copied into ``into`` where their bytes differ (rewritten only then); the
-    copy of ``source``. torch's ninja file names a source by its path, so two checkouts of the same code (a work tree
-    and a CI clone) had each rebuilt every kernel after the other (~4 min a switch); built from one path whose files
+    copy of ``source``. torch's ninja file names a source by its path, so two checkouts of the same code run with one
+    environment had each rebuilt every kernel after the other (4-7 min a switch); built from one path whose files
     are unchanged, ninja finds nothing to do."""
     for f in [source, *sorted(source.parent.glob("*.h"))]:
         data, dest = f.read_bytes(), into / f.name
