@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from math import prod
 
 import torch
 
@@ -165,14 +164,15 @@ class ModelChain:
             return None
         n = self.shared(seq.row, seq.tokens)
         top_ids, top_probs = map(list, zip(*self.feed([seq.row], [seq.tokens[n:]])))
-        cut = self.min_prob()
+        joint, cut = top_probs[0][0], self.min_prob()
         # another step while the chain, times the next token's expected probability, beats the cut
-        while len(top_ids) < min(max_len, room, self.longest) and prod(p[0] for p in top_probs) * EXPECT >= cut:
+        while len(top_ids) < min(max_len, room, self.longest) and joint * EXPECT >= cut:
             t0 = time.perf_counter()
             (ids, probs), = self.feed([seq.row], [[top_ids[-1][0]]])
             dt = time.perf_counter() - t0
             last = self.step_seconds
             self.step_seconds = dt if last is None else last + STEP_DECAY * (dt - last)
+            joint *= probs[0]
             top_ids.append(ids)
             top_probs.append(probs)
         return Draft([i[0] for i in top_ids], [p[0] for p in top_probs], top_ids, top_probs)
