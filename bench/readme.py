@@ -53,11 +53,14 @@ def real_table(path: str = REAL) -> str:
     names = {"llama-ar": "llama.cpp AR", "llama-lookup": "llama.cpp prompt lookup",
              "d3d-ar": "d3d `ar`", "d3d": "d3d defaults (`sync`)"}
     med, vs = p["median_tok_s"], p["vs_llama_ar"]
-    rows = [[label] + [f"{med[s][k]:.1f} ({vs[s][k]:.2f}x)" for s in ("code", "prose")] for k, label in names.items()]
+    sets = [s for s in ("code", "library", "prose") if s in med]
+    rows = [[label] + [f"{med[s][k]:.1f} ({vs[s][k]:.2f}x)" for s in sets] for k, label in names.items()]
     cfg = p["config"]
-    return (markdown_table(["engine", "code tok/s (vs llama.cpp)", "prose tok/s (vs llama.cpp)"], rows)
+    asked = f"{cfg['n_code']} HumanEval + " + (f"{cfg['n_library']} held-out library function + " if "library" in med
+                                                 else "") + f"{cfg['n_prose']} MT-Bench"
+    return (markdown_table(["engine"] + [f"{s} tok/s (vs llama.cpp)" for s in sets], rows)
             + f"\n\n{_machine(p['machine'])}; d3d weights {p['d3d_weights']} (the GGUF's blocks); "
-            f"{cfg['n_code']} HumanEval + {cfg['n_prose']} MT-Bench chat requests, ≤ {cfg['new_tokens']} tokens, "
+            f"{asked} chat requests, ≤ {cfg['new_tokens']} tokens, "
             f"end-to-end medians; speculative output equal to ar on {p['speculative_equal_to_ar']}; `{path}`.\n")
 
 

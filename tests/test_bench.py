@@ -338,15 +338,17 @@ def test_llamacpp_side_by_side_with_a_datastore(tiny_pair, tmp_path, monkeypatch
                  for p in prompts]], store.pending_path)
     store.seal(None, "float32")
     monkeypatch.setattr(llamacpp, "load_prompt_set", lambda name, tok, n, chat: prompts[:n])
+    monkeypatch.setattr(llamacpp, "request_sets", lambda tok, path, names: {"library": [[15, 16, 17, 18, 19]] * 8})
     monkeypatch.setattr(draft_model, "START_ROUNDS", 0)  # chains from the first round, whatever the drafter commits
     payload = llamacpp.main(["--target", str(tiny_pair / "target"), "--gguf", str(tmp_path / "m.gguf"),
                              "--llama-bin", str(bins), "--drafter", str(tiny_pair / "drafter"), "--weights", "float32",
-                             "--n-code", "2", "--n-prose", "1", "--new-tokens", "12", "--llama-draft",
-                             str(tmp_path / "m.gguf"), "--datastore", str(tmp_path / "store"),
+                             "--n-code", "2", "--n-library", "1", "--n-prose", "1", "--new-tokens", "12",
+                             "--llama-draft", str(tmp_path / "m.gguf"), "--datastore", str(tmp_path / "store"),
                              "--draft-model", str(tiny_pair / "target"), "--out", str(tmp_path / "l.json")])
     engines = {"llama-ar", "llama-lookup", "llama-spec", "d3d-ar", "d3d-alone", "d3d", "d3d-store", "d3d-model"}
     assert set(payload["tok_s"]["code"]) == engines and len(payload["tok_s"]["code"]["d3d-store"]) == 2
-    assert payload["speculative_equal_to_ar"] == "3/3" and payload["config"]["datastore"] == [str(tmp_path / "store")]
+    assert len(payload["tok_s"]["library"]["d3d"]) == 1  # held-out library functions, a set of their own
+    assert payload["speculative_equal_to_ar"] == "4/4" and payload["config"]["datastore"] == [str(tmp_path / "store")]
     assert payload["tok_s"]["code"]["llama-ar"] == [8 / 0.11] * 2  # 7 runs + the prompt pass's token, 110 ms
     assert json.loads((tmp_path / "l.json").read_text())["median_tok_s"]["prose"]["d3d-store"] > 0
     code = payload["tok_s"]["code"]
