@@ -307,7 +307,7 @@ def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_pa
     monkeypatch.setattr(ext, "load", lambda **kw: (_ for _ in ()).throw(RuntimeError("Ninja is required")))
     module, why = cpp.build("d3d_test_fail", source, [])
     assert module is None and "building k.cpp failed" in why and "Ninja is required" in why
-    lock = tmp_path / "ext" / "d3d_test_fast" / "lock"  # a killed build's lock: torch would wait forever
+    lock = cpp.build_directory("d3d_test_fast") / "lock"  # a killed build's lock: torch would wait forever
     lock.write_text("")
     os.utime(lock, (time.time() - 2 * cpp.STALE_LOCK_S,) * 2)
     monkeypatch.setattr(ext, "load", lambda **kw: "module")
@@ -321,6 +321,21 @@ def test_a_kernel_build_says_when_it_starts_and_ends(monkeypatch, capsys, tmp_pa
     monkeypatch.setattr(cpp, "STALE_LOCK_S", 0.5)
     assert cpp.build("d3d_test_fast", source, []) == ("module", None)
     assert not lock.exists() and "left" in capsys.readouterr().err
+
+
+def test_each_python_environment_builds_a_kernel_in_a_directory_of_its_own(tmp_path, monkeypatch):
+    """Another environment's include paths change ninja's command and so rebuild a kernel: each environment keeps
+    its builds apart, and one environment finds the same directory each time."""
+    import sys
+
+    from d3d.kernels import cpp
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    here = cpp.build_directory("d3d_k")
+    assert here == cpp.build_directory("d3d_k") and here.is_dir() and here.name.startswith("d3d_k-")
+    assert tmp_path / "ext" in here.parents and cpp.build_directory("d3d_other") != here
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "another-venv"))
+    assert cpp.build_directory("d3d_k") not in (here, None) and cpp.build_directory("d3d_k").parent == here.parent
 
 
 def test_a_kernel_builds_from_one_staged_copy_of_its_files(tmp_path):

@@ -3,8 +3,8 @@
 Triton has no CPU backend outside the interpreter, so the CPU matmuls of decoding are small C++
 files compiled by ``torch.utils.cpp_extension`` with the system compiler the first time they are
 needed (tens of seconds a kernel; cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``,
-from a copy of the sources there, ``stage``, so that checkouts of the same code run with one Python environment
-share the builds; another environment's include paths still make ninja rebuild).
+a directory per Python environment, ``build_directory``, from a copy of the sources there, ``stage``: checkouts
+of the same code share an environment's builds, and no environment's build undoes another's).
 A build says so on stderr when it starts and when it ends, so that a first run does not sit in
 silence; ``python -m d3d build-kernels`` builds them ahead of time. Where the CPU lacks
 the instructions or the build fails, ``build`` returns why, and the caller keeps a torch path.
@@ -42,9 +42,9 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
     if missing:
         return None, f"this CPU lacks {' and '.join(sorted(missing))}"
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load
+        from torch.utils.cpp_extension import load
 
-        where = Path(_get_build_directory(name, verbose=False))
+        where = build_directory(name)
         wait_for_lock(where / "lock")
         staged = stage(source, where / "src")
         # a cached build loads in well under a second; past 2 s it is compiling (first use, or a
@@ -62,7 +62,7 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
         try:
             # torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag
             headers = hashlib.sha1(b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))).hexdigest()[:12]
-            module = load(name=name, sources=[str(staged)], verbose=False,
+            module = load(name=name, sources=[str(staged)], verbose=False, build_directory=str(where),
                           extra_cflags=cflags + [f"-DD3D_HEADERS={headers}"], extra_ldflags=["-fopenmp"])
         finally:
             timer.cancel()
@@ -72,6 +72,17 @@ def build(name: str, source: Path, cflags: list[str], needs: frozenset[str] = AV
     except Exception as e:  # no compiler, no ninja, a failed build: the torch path stays
         return None, f"building {source.name} failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]})"
     return module, None
+
+
+def build_directory(name: str) -> Path:
+    """Where ``name`` is built: under torch's extensions folder, one directory per Python environment. ninja
+    rebuilds whenever a build's command changes, and another environment's include paths change it, so checkouts
+    run with two environments (a CI clone's ``.venv`` beside the working one) had rebuilt every kernel after each
+    other, 4-7 min a switch, and each such build left a window for a killed build's lock."""
+    from torch.utils.cpp_extension import _get_build_directory, include_paths
+
+    key = hashlib.sha1("\0".join([sys.prefix, *include_paths()]).encode()).hexdigest()[:8]
+    return Path(_get_build_directory(f"{name}-{key}", verbose=False))
 
 
 def stage(source: Path, into: Path) -> Path:
