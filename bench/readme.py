@@ -16,7 +16,7 @@ from .common import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = "docs/results/layers-cpu/bundled_speculative.json"
-REAL = "docs/results/zen4/llamacpp_0.5b_hugepages.json"
+REAL = "docs/results/library/llamacpp_0.5b.json"
 MARK = re.compile(r"(<!-- bench readme: (\w+) -->\n)(.*?)(<!-- /bench readme -->)", re.S)
 
 

@@ -135,11 +135,28 @@ def test_auto_measures_and_refuses_nonsense():
     out = generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter, on_round=rounds.append,
                    spec=SpecConfig(mode="sync", verify_min_prob="auto"))
     assert out.tokens == reference(target, PROMPTS, 30)
-    n = len(PROMPTS)  # the prior first, scaled to the batch
-    assert all(0 <= r.min_prob <= 1 for r in rounds) and rounds[0].min_prob == pytest.approx(n * 0.05 / (0.95 + n * 0.05))
+    n, p = len(PROMPTS), RowPrice().prior_at(max(map(len, PROMPTS)) + 1)  # the prior first, at the longest context
+    assert all(0 <= r.min_prob <= 1 for r in rounds) and rounds[0].min_prob == pytest.approx(n * p / (1 - p + n * p))
     with pytest.raises(ValueError, match="verify_min_prob='sometimes'"):
         generate(target, PROMPTS, max_new_tokens=3, drafter=drafter,
                  spec=SpecConfig(mode="sync", verify_min_prob="sometimes"))
+
+
+def test_the_prior_grows_with_the_context_a_row_attends_over():
+    """Before b is measured, one row's share of a pass grows with the context: a verified row attends over every
+    cached token, as the step does. At 2,000 tokens it is about a fifth (a 16-row copy had taken 4x a step's time
+    under the short-context prior); a short prompt keeps about the prior validation chose. Measured, R * b is what it
+    is at any context."""
+    p = RowPrice(prior=0.05)
+    assert p.prior_at(0) == 0.05 and p.min_prob() == 0.05
+    assert 0.05 < p.prior_at(200) < 0.075 and 0.17 < p.prior_at(2000) < 0.21 and 0.3 < p.prior_at(10 ** 7) < 0.5
+    p.context = 2000
+    assert p.min_prob() == p.prior_at(2000)
+    p.batch = 4
+    assert p.min_prob() == pytest.approx(4 * p.prior_at(2000) / (1 + 3 * p.prior_at(2000)))
+    p.batch = 1
+    feed(p, [16, 3, 5, 16, 2, 4, 16, 3])
+    assert p.min_prob() == pytest.approx(0.2)  # 20 tok/s x 10 ms a row, whatever the context
 
 
 def play(price, rounds, drafting_rate, step_rate=10.0, rows=1):

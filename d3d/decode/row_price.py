@@ -48,7 +48,8 @@ on validation chat requests.
 b is the slope of an exponentially weighted least-squares fit of the verification seconds on the
 rows verified (rounds differ in width: copied chains, drafter blocks cut short, leaves); R a ratio
 of exponentially weighted tokens and seconds. Until ``warmup`` rounds are in, and whenever the widths
-seen so far hardly differ (the slope would be noise), the ``prior`` threshold holds, that of one row;
+seen so far hardly differ (the slope would be noise), the ``prior`` threshold holds, that of one row at the round's
+context (``RowPrice.prior_at``: a row attends over the context; docs/results/long-prior/);
 a batch of n rows starts at n p / (1 - p + n p): R * b where a step costs a + n b and one row's p is
 b / (a + b). No ceiling caps R * b (it had been 0.5; a batch of 16 measures ~0.8). The rounds then
 depend on timing, the tokens do not (every cut is lossless).
@@ -62,6 +63,9 @@ from dataclasses import dataclass
 DRAFT_DECAY = 0.25  # the weight of a new drafter pass in its seconds per row
 KIND_DECAY = 0.1  # ... of a new round of one sequence in the rates of drafting rounds and plain steps
 # (batches: DRAFT_DECAY, as docs/results/serve/gate_validation.json measured them)
+ATTENTION_PER_TOKEN = 1.1e-4  # a verified row's attention, per cached token, as a share of a short-context step
+# (2-core Zen 4, docs/results/draft-window/attention.txt: the 0.5B 1.8 us a token against a ~14 ms step, the 1.5B
+# 4.5 us against ~37 ms; a 16-row copy at 2,042 tokens took 75 ms against a 17 ms step, docs/results/long-prior/)
 BATCH_DRAFT_LIMIT = 0.3  # a batch asks no drafter while a verified row's price R * b is this or more
 # (docs/results/batch-gate/: on a 2-core Zen 4, batches of 4 and 16 measured R * b ~ 0.4-0.9 and lost to ar
 # by drafting, probes included; on a machine where rows are cheap R * b stays low and the gate decides)
@@ -99,6 +103,7 @@ class RowPrice:
         self.m = [0.0] * 4  # weighted means of w, w^2, s, w*s (verification rows w, seconds s)
         self.tokens = self.seconds = 0.0
         self.rated = 0  # rounds in R
+        self.context = 0  # the longest context of the round's rows, tokens (the prior grows with it)
 
     def observe(self, rows: int, verify_seconds: float, tokens: int, round_seconds: float,
                 drafted: bool | None = True) -> None:
@@ -191,12 +196,21 @@ class RowPrice:
         return prior if d is None or h is None or d <= 0 else h / d
 
     def min_prob(self) -> float:
-        """The threshold R * b (at most ``ceiling``), or before it can be measured ``prior`` scaled to the batch."""
+        """The threshold R * b (at most ``ceiling``), or before it can be measured the prior at the round's
+        context (``prior_at``) scaled to the batch."""
         b = self.seconds_per_row() if self.rounds >= self.warmup else None
         if b is None:  # a batch of n rows: R * b = n b / (a + n b), from one row's prior b / (a + b)
-            n, p = self.batch, self.prior
+            n, p = self.batch, self.prior_at(self.context)
             return n * p / (1 - p + n * p)
         return min(self.ceiling, self.rate() * b)
+
+    def prior_at(self, context: int) -> float:
+        """One row's share of a pass, b / (a + b), before it is measured: ``prior`` at a short context. A row
+        also attends over every cached token, and so does the step, so both grow by ``ATTENTION_PER_TOKEN`` a
+        token: at 2,000 tokens the prior is ~0.19, not 0.05, and a copy's first rounds are cut where the
+        prior had let 16-row copies through at 4x a step's time."""
+        k = ATTENTION_PER_TOKEN * context
+        return (self.prior + k) / (1 + 2 * k)
 
 
 @dataclass(frozen=True)

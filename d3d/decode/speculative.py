@@ -403,6 +403,7 @@ class SpeculativeDecoder(Decoder):
         (``verify_min_prob=auto``) is the measured price of a row (``d3d.decode.row_price``), for
         drafts and leaves alike."""
         cut = self.spec.verify_min_prob
+        self.price.context = max(len(s.tokens) for s in r.seqs)
         r.min_prob = cut(self.price)
         widths = verify_widths([s.draft for s in r.seqs], r.min_prob)
         r.leaves = [self.side.leaves(s.draft, n, cut.leaf_floor(r.min_prob)) for s, n in zip(r.seqs, widths)]
