@@ -214,9 +214,10 @@ def test_verifying_only_likely_drafts_keeps_greedy_output(mode, min_prob):
         assert out.stats.verified_drafts == 0 and out.stats.tau == 1.0
     default = library_generate(target, PROMPTS, max_new_tokens=30, stop_ids=[], drafter=drafter,
                                on_round=(seen := []).append, spec=SpecConfig(mode=mode, lookup=0))
-    n = len(PROMPTS)  # auto: the prior scaled to the batch, then measured
-    assert default.tokens == full.tokens and seen[0].min_prob == pytest.approx(n * 0.05 / (0.95 + n * 0.05))
-    from d3d.decode.row_price import PricedCut
+    from d3d.decode.row_price import PricedCut, RowPrice
+
+    n, p = len(PROMPTS), RowPrice().prior_at(max(map(len, PROMPTS)) + 1)  # auto: the prior at the context, scaled
+    assert default.tokens == full.tokens and seen[0].min_prob == pytest.approx(n * p / (1 - p + n * p))  # to the batch
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     resolve = lambda device, **kw: SpecConfig(mode, **kw).resolve(device)  # noqa: E731
