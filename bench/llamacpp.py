@@ -242,9 +242,12 @@ def main(argv: list[str] | None = None) -> dict | None:
             "library": request_sets(tok, args.target, ["library"])["library"][:args.n_library],
             "prose": load_prompt_set("mtbench", tok, args.n_prose, chat=True)}
     sets = {s: p for s, p in sets.items() if p}
+    if not sets:
+        ap.error("--n-code, --n-library and --n-prose are all 0: no request to ask")
     print(f"d3d weights: {target.weights} ({target.weights_choice.reason}); {weight_bytes / 1e9:.3f} GB read per "
           f"decoded token", file=sys.stderr)
-    d3d.generate(target, sets["code"][0][:16], max_new_tokens=4, stop_ids=[])  # warm-up (kernel build, caches)
+    first = next(iter(sets.values()))[0]
+    d3d.generate(target, first[:16], max_new_tokens=4, stop_ids=[])  # warm-up (kernel build, caches)
     results, equal, same_text = {s: {e: [] for e in engines} for s in sets}, 0, {s: 0 for s in sets}
     rounds = {s: {e: [0.0, 0] for e in engines if e in SPECULATIVE} for s in sets}  # tokens, rounds
     for name, prompts in sets.items():

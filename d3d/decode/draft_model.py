@@ -163,8 +163,8 @@ class ModelChain:
         if room < 1:
             return None
         n = self.shared(seq.row, seq.tokens)
-        top_ids, top_probs = map(list, zip(*self.feed([seq.row], [seq.tokens[n:]])))
-        joint, cut = top_probs[0][0], self.min_prob()
+        (ids, probs), = self.feed([seq.row], [seq.tokens[n:]])
+        top_ids, top_probs, joint, cut = [ids], [probs], probs[0], self.min_prob()
         # another step while the chain, times the next token's expected probability, beats the cut
         while len(top_ids) < min(max_len, room, self.longest) and joint * EXPECT >= cut:
             t0 = time.perf_counter()
